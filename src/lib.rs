@@ -1,0 +1,5 @@
+//! roce-xdp: a software RoCEv2 NIC.
+//!
+//! - [`wire`]: the RoCEv2 wire format (views, representations, ICRC, opcode table).
+
+pub mod wire;

@@ -1,0 +1,3 @@
+fn main() {
+    eprintln!("roce-xdp: no commands yet");
+}

@@ -1,0 +1,666 @@
+//! Whole RoCEv2 frames: Ethernet (+802.1Q) / IPv4 or IPv6 / UDP 4791 / RoCE packet.
+//!
+//! [`Frame::parse`] is where every received frame enters: it checks each layer in order
+//! (so the error says which one is wrong) and leaves a view whose accessors cannot fail.
+//! [`Frame::verify`] then checks the UDP checksum (0 or valid) and the ICRC.
+//! [`FrameRepr::emit_with`] writes a complete frame into a caller's buffer without
+//! allocating, letting the caller copy the payload straight from registered memory.
+
+use super::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, EthRepr};
+use super::ip::IpRepr;
+use super::roce::{RocePacket, RoceRepr};
+use super::udp::{self, UdpRepr};
+use super::{Error, Layer, ROCE_V2_PORT, Result, icrc};
+use core::net::IpAddr;
+use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, UdpHeaderSlice};
+
+/// The IP header of a parsed frame.
+#[derive(Debug, Clone, Copy)]
+pub enum IpView<'a> {
+    V4(Ipv4HeaderSlice<'a>),
+    V6(Ipv6HeaderSlice<'a>),
+}
+
+impl<'a> IpView<'a> {
+    /// The raw header bytes (IPv4 options included).
+    pub fn bytes(&self) -> &'a [u8] {
+        match self {
+            IpView::V4(h) => h.slice(),
+            IpView::V6(h) => h.slice(),
+        }
+    }
+    pub fn src(&self) -> IpAddr {
+        match self {
+            IpView::V4(h) => IpAddr::V4(h.source_addr()),
+            IpView::V6(h) => IpAddr::V6(h.source_addr()),
+        }
+    }
+    pub fn dst(&self) -> IpAddr {
+        match self {
+            IpView::V4(h) => IpAddr::V4(h.destination_addr()),
+            IpView::V6(h) => IpAddr::V6(h.destination_addr()),
+        }
+    }
+    /// The 2-bit ECN field (3 = congestion experienced).
+    pub fn ecn(&self) -> u8 {
+        match self {
+            IpView::V4(h) => h.ecn().value(),
+            IpView::V6(h) => h.ecn().value(),
+        }
+    }
+}
+
+/// A parsed, structurally valid RoCEv2 frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    /// The frame up to the end of the IP packet (an Ethernet trailer is dropped).
+    bytes: &'a [u8],
+    eth: EthRepr,
+    l3: usize,
+    l4: usize,
+    ip: IpView<'a>,
+    roce: RocePacket<&'a [u8]>,
+}
+
+fn truncated(layer: Layer, needed: usize, available: usize) -> Error {
+    Error::Truncated {
+        layer,
+        needed,
+        available,
+    }
+}
+
+impl<'a> Frame<'a> {
+    /// Parses a frame starting at its Ethernet header. Checks, in order: Ethernet and
+    /// VLAN lengths, EtherType IPv4/IPv6, IP version, IHL, total length, no fragment,
+    /// protocol UDP, UDP destination port 4791, UDP length equal to the IP payload, then
+    /// the RoCE packet (see [`RocePacket::new_checked`]). Checksums are not verified here.
+    pub fn parse(frame: &'a [u8]) -> Result<Frame<'a>> {
+        let (eth, l3) = EthRepr::parse(frame)?;
+        Self::parse_after_link(frame, eth, l3)
+    }
+
+    /// Parses a packet that starts at its IP header (captures without an Ethernet header,
+    /// such as Linux "cooked" or raw-IP captures). The link header reads as all zeros.
+    pub fn parse_ip(packet: &'a [u8]) -> Result<Frame<'a>> {
+        let ethertype = match packet.first().map(|b| b >> 4) {
+            Some(4) => ETHERTYPE_IPV4,
+            Some(6) => ETHERTYPE_IPV6,
+            Some(v) => return Err(Error::BadIpVersion(v)),
+            None => return Err(truncated(Layer::Ipv4, 20, 0)),
+        };
+        let eth = EthRepr {
+            ethertype,
+            ..EthRepr::default()
+        };
+        Self::parse_after_link(packet, eth, 0)
+    }
+
+    #[inline(always)]
+    fn parse_after_link(frame: &'a [u8], eth: EthRepr, l3: usize) -> Result<Frame<'a>> {
+        let rest = &frame[l3..];
+        let (ip, ip_len, hdr_len) = match eth.ethertype {
+            ETHERTYPE_IPV4 => {
+                let h = Ipv4HeaderSlice::from_slice(rest).map_err(|e| {
+                    use etherparse::err::ipv4::{HeaderError, HeaderSliceError};
+                    match e {
+                        HeaderSliceError::Len(l) => {
+                            truncated(Layer::Ipv4, l3 + l.required_len, frame.len())
+                        }
+                        HeaderSliceError::Content(HeaderError::UnexpectedVersion {
+                            version_number,
+                        }) => Error::BadIpVersion(version_number),
+                        HeaderSliceError::Content(HeaderError::HeaderLengthSmallerThanHeader {
+                            ihl,
+                        }) => Error::IhlTooSmall(ihl),
+                    }
+                })?;
+                let hdr_len = h.slice().len();
+                let total = usize::from(h.total_len());
+                if total < hdr_len {
+                    return Err(Error::BadIpLength {
+                        total: h.total_len(),
+                        header: hdr_len,
+                    });
+                }
+                if total > rest.len() {
+                    return Err(truncated(Layer::Ipv4, l3 + total, frame.len()));
+                }
+                // MF flag or a fragment offset (bytes 6-7, DF excluded).
+                let frag = h.slice();
+                if frag[6] & 0x3f != 0 || frag[7] != 0 {
+                    return Err(Error::Fragmented);
+                }
+                if h.protocol() != etherparse::IpNumber::UDP {
+                    return Err(Error::NotUdp(h.protocol().0));
+                }
+                (IpView::V4(h), total, hdr_len)
+            }
+            ETHERTYPE_IPV6 => {
+                let h = Ipv6HeaderSlice::from_slice(rest).map_err(|e| {
+                    use etherparse::err::ipv6::{HeaderError, HeaderSliceError};
+                    match e {
+                        HeaderSliceError::Len(l) => {
+                            truncated(Layer::Ipv6, l3 + l.required_len, frame.len())
+                        }
+                        HeaderSliceError::Content(HeaderError::UnexpectedVersion {
+                            version_number,
+                        }) => Error::BadIpVersion(version_number),
+                    }
+                })?;
+                let total = 40 + usize::from(h.payload_length());
+                if total > rest.len() {
+                    return Err(truncated(Layer::Ipv6, l3 + total, frame.len()));
+                }
+                if h.next_header() != etherparse::IpNumber::UDP {
+                    return Err(Error::NotUdp(h.next_header().0));
+                }
+                (IpView::V6(h), total, 40)
+            }
+            other => return Err(Error::NotIp(other)),
+        };
+        let l4 = l3 + hdr_len;
+        let bytes = &frame[..l3 + ip_len];
+        let udp_bytes = &bytes[l4..];
+        let udp = UdpHeaderSlice::from_slice(udp_bytes)
+            .map_err(|_| truncated(Layer::Udp, l4 + udp::LEN, bytes.len()))?;
+        if udp.destination_port() != ROCE_V2_PORT {
+            return Err(Error::NotRoce(udp.destination_port()));
+        }
+        if usize::from(udp.length()) != udp_bytes.len() {
+            return Err(Error::UdpLength {
+                udp: udp.length(),
+                ip: udp_bytes.len(),
+            });
+        }
+        let roce = RocePacket::new_checked(&udp_bytes[udp::LEN..])?;
+        Ok(Frame {
+            bytes,
+            eth,
+            l3,
+            l4,
+            ip,
+            roce,
+        })
+    }
+
+    /// The frame bytes up to the end of the IP packet.
+    #[inline]
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+    #[inline]
+    pub fn eth(&self) -> &EthRepr {
+        &self.eth
+    }
+    #[inline]
+    pub fn ip(&self) -> &IpView<'a> {
+        &self.ip
+    }
+    /// Offset of the IP header in the frame.
+    #[inline]
+    pub fn l3_offset(&self) -> usize {
+        self.l3
+    }
+    /// Offset of the UDP header in the frame.
+    #[inline]
+    pub fn l4_offset(&self) -> usize {
+        self.l4
+    }
+    /// Offset of the BTH in the frame.
+    #[inline]
+    pub fn bth_offset(&self) -> usize {
+        self.l4 + udp::LEN
+    }
+    #[inline]
+    pub fn udp(&self) -> UdpHeaderSlice<'a> {
+        // In bounds: checked by `parse`.
+        UdpHeaderSlice::from_slice(&self.bytes[self.l4..])
+            .unwrap_or_else(|_| unreachable!("UDP header checked in parse"))
+    }
+    #[inline]
+    pub fn udp_header(&self) -> &'a [u8] {
+        &self.bytes[self.l4..self.l4 + udp::LEN]
+    }
+    #[inline]
+    pub fn src_port(&self) -> u16 {
+        let u = self.udp_header();
+        u16::from_be_bytes([u[0], u[1]])
+    }
+    #[inline]
+    pub fn udp_checksum(&self) -> u16 {
+        let u = self.udp_header();
+        u16::from_be_bytes([u[6], u[7]])
+    }
+    /// The RoCE packet: BTH to ICRC.
+    #[inline]
+    pub fn roce(&self) -> &RocePacket<&'a [u8]> {
+        &self.roce
+    }
+
+    /// The ICRC this frame should carry.
+    pub fn computed_icrc(&self) -> u32 {
+        // Cannot fail: the IP, UDP and BTH lengths were checked by `parse`.
+        icrc::compute(self.ip.bytes(), self.udp_header(), self.roce.without_icrc())
+            .unwrap_or(!self.roce.icrc())
+    }
+
+    /// Checks the ICRC.
+    #[inline]
+    pub fn verify_icrc(&self) -> Result<()> {
+        let wire = self.roce.icrc();
+        let computed = self.computed_icrc();
+        if wire == computed {
+            Ok(())
+        } else {
+            Err(Error::BadIcrc { wire, computed })
+        }
+    }
+
+    /// Checks the UDP checksum: 0 (none) or a valid one are accepted.
+    pub fn verify_udp_checksum(&self) -> Result<()> {
+        let wire = self.udp_checksum();
+        if wire == 0 {
+            return Ok(());
+        }
+        let udp_bytes = &self.bytes[self.l4..];
+        let computed = match self.ip {
+            IpView::V4(h) => udp::checksum_v4(h.source(), h.destination(), udp_bytes)?,
+            IpView::V6(h) => udp::checksum_v6(h.source(), h.destination(), udp_bytes)?,
+        };
+        if computed == wire {
+            Ok(())
+        } else {
+            Err(Error::BadUdpChecksum { wire, computed })
+        }
+    }
+
+    /// Checks the IPv4 header checksum. The ICRC leaves it out (routers rewrite it), and
+    /// AF_XDP delivers frames the kernel has not checked, so the engine checks it here.
+    /// IPv6 has no header checksum.
+    pub fn verify_ip_checksum(&self) -> Result<()> {
+        if let IpView::V4(h) = self.ip {
+            // A correct header sums to 0xffff in ones' complement.
+            let sum = ones_sum(h.slice());
+            if sum != 0xffff {
+                return Err(Error::BadIpChecksum(h.header_checksum()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every checksum (IPv4 header, UDP when non-zero, ICRC): what a receiver must check
+    /// before trusting any field.
+    pub fn verify(&self) -> Result<()> {
+        self.verify_ip_checksum()?;
+        self.verify_udp_checksum()?;
+        self.verify_icrc()
+    }
+}
+
+/// The meaning of a whole frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameRepr<'a> {
+    /// The link header. Its `ethertype` is set from `ip` on emit.
+    pub eth: EthRepr,
+    pub ip: IpRepr,
+    pub udp: UdpRepr,
+    pub roce: RoceRepr<'a>,
+}
+
+impl<'a> FrameRepr<'a> {
+    /// The meaning of a parsed frame.
+    pub fn parse(f: &Frame<'a>) -> Result<FrameRepr<'a>> {
+        let ip = match f.ip {
+            IpView::V4(ref h) => IpRepr::from_v4(h)?,
+            IpView::V6(ref h) => IpRepr::from_v6(h),
+        };
+        let u = f.udp_header();
+        Ok(FrameRepr {
+            eth: f.eth,
+            ip,
+            udp: UdpRepr {
+                src_port: u16::from_be_bytes([u[0], u[1]]),
+                dst_port: u16::from_be_bytes([u[2], u[3]]),
+            },
+            roce: RoceRepr::parse(&f.roce)?,
+        })
+    }
+
+    /// Frame length for a payload of `payload_len` bytes.
+    pub fn buffer_len_for(&self, payload_len: usize) -> Result<usize> {
+        Ok(self.eth.buffer_len()
+            + self.ip.buffer_len()
+            + udp::LEN
+            + self.roce.buffer_len_for(payload_len)?)
+    }
+
+    /// Frame length with `roce.payload`.
+    pub fn buffer_len(&self) -> Result<usize> {
+        self.buffer_len_for(self.roce.payload.len())
+    }
+
+    /// Writes the frame, payload copied from `roce.payload`. Returns its length.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        let p = self.roce.payload;
+        self.emit_with(buf, p.len(), |dst| dst.copy_from_slice(p))
+    }
+
+    /// Writes the frame with a payload of `payload_len` bytes that `fill` writes in place
+    /// (`roce.payload` is ignored): headers, payload, zero pad, ICRC, and over IPv6 the
+    /// UDP checksum (which covers the ICRC, so it comes last). No allocation.
+    pub fn emit_with(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize> {
+        let id = match self.ip {
+            IpRepr::V4(ref h) => h.identification,
+            IpRepr::V6(_) => 0,
+        };
+        FrameTemplate::new(&self.eth, &self.ip, &self.udp)?.emit(
+            buf,
+            id,
+            &self.roce,
+            payload_len,
+            fill,
+        )
+    }
+}
+
+/// The Ethernet, IP and UDP headers of a flow, written once by `etherparse` and then
+/// copied in front of each packet with only the lengths, the IPv4 ID and checksum
+/// patched: how a QP builds frames on its hot path.
+#[derive(Debug, Clone)]
+pub struct FrameTemplate {
+    bytes: [u8; 18 + 60 + udp::LEN],
+    l3: usize,
+    l4: usize,
+    v6: Option<([u8; 16], [u8; 16])>,
+}
+
+impl FrameTemplate {
+    /// Writes the headers (lengths left to `emit`).
+    pub fn new(eth: &EthRepr, ip: &IpRepr, udp: &UdpRepr) -> Result<FrameTemplate> {
+        let mut bytes = [0u8; 18 + 60 + udp::LEN];
+        let mut eth = *eth;
+        eth.ethertype = match ip {
+            IpRepr::V4(_) => ETHERTYPE_IPV4,
+            IpRepr::V6(_) => ETHERTYPE_IPV6,
+        };
+        let l3 = eth.emit(&mut bytes)?;
+        let l4 = l3 + ip.emit(&mut bytes[l3..], udp::LEN)?;
+        udp.emit(&mut bytes[l4..], 0)?;
+        let v6 = match ip {
+            IpRepr::V6(h) => Some((h.src.octets(), h.dst.octets())),
+            IpRepr::V4(_) => None,
+        };
+        Ok(FrameTemplate { bytes, l3, l4, v6 })
+    }
+
+    /// Length of the Ethernet, IP and UDP headers.
+    #[inline]
+    pub fn header_len(&self) -> usize {
+        self.l4 + udp::LEN
+    }
+
+    /// Frame length for `roce` with `payload_len` bytes of payload.
+    #[inline]
+    pub fn buffer_len_for(&self, roce: &RoceRepr<'_>, payload_len: usize) -> Result<usize> {
+        Ok(self.header_len() + roce.buffer_len_for(payload_len)?)
+    }
+
+    /// Writes a whole frame into `buf`: these headers (IPv4 ID `ip_id`), then `roce`'s
+    /// headers, the payload `fill` writes in place, zero pad, ICRC, and over IPv6 the UDP
+    /// checksum (it covers the ICRC, so it comes last). Returns the frame length.
+    pub fn emit(
+        &self,
+        buf: &mut [u8],
+        ip_id: u16,
+        roce: &RoceRepr<'_>,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize> {
+        let (l3, l4) = (self.l3, self.l4);
+        let bth = self.header_len();
+        let roce_len = roce.buffer_len_for(payload_len)?;
+        let total = bth + roce_len;
+        if buf.len() < total {
+            return Err(Error::BufferTooSmall {
+                needed: total,
+                available: buf.len(),
+            });
+        }
+        let udp_len = udp::LEN + roce_len;
+        if l4 - l3 + udp_len > usize::from(u16::MAX) {
+            return Err(Error::Malformed("IP length over 65535"));
+        }
+        let buf = &mut buf[..total];
+        let payload_off = bth + roce.emit_headers(&mut buf[bth..], payload_len)?;
+        buf[..bth].copy_from_slice(&self.bytes[..bth]);
+        buf[l4 + 4..l4 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        if self.v6.is_some() {
+            buf[l3 + 4..l3 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        } else {
+            let ip_total = (l4 - l3 + udp_len) as u16;
+            buf[l3 + 2..l3 + 4].copy_from_slice(&ip_total.to_be_bytes());
+            buf[l3 + 4..l3 + 6].copy_from_slice(&ip_id.to_be_bytes());
+            buf[l3 + 10..l3 + 12].fill(0);
+            let c = !ones_sum(&buf[l3..l4]);
+            buf[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+        }
+        fill(&mut buf[payload_off..payload_off + payload_len]);
+        let icrc_off = total - icrc::LEN;
+        let crc = icrc::compute_in_place(buf, l3, l4, bth, icrc_off)?;
+        icrc::write(&mut buf[icrc_off..], crc);
+        if let Some((src, dst)) = self.v6 {
+            let c = udp::checksum_v6(src, dst, &buf[l4..])?;
+            buf[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        Ok(total)
+    }
+}
+
+/// The 16-bit ones'-complement sum of a header whose length is a multiple of 4 (IPv4).
+#[inline]
+fn ones_sum(b: &[u8]) -> u16 {
+    // 32-bit words into a u64 (at most 15 of them: no overflow), then fold.
+    let mut sum: u64 = 0;
+    for w in b.chunks_exact(4) {
+        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    sum as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ip::{Ipv4Repr, Ipv6Repr};
+    use crate::wire::{
+        AethRepr, BthRepr, DethRepr, ExtRepr, ImmDtRepr, Opcode, Psn, RethRepr, Syndrome,
+    };
+    use core::net::Ipv4Addr;
+
+    fn repr_v4(payload: &[u8]) -> FrameRepr<'_> {
+        FrameRepr {
+            eth: EthRepr {
+                dst: [0x52, 0x54, 0, 0, 0, 1],
+                src: [0x52, 0x54, 0, 0, 0, 2],
+                vlan: None,
+                ethertype: ETHERTYPE_IPV4,
+            },
+            ip: IpRepr::V4(Ipv4Repr::new(
+                Ipv4Addr::new(198, 18, 0, 2),
+                Ipv4Addr::new(198, 18, 0, 1),
+                0x9cbe,
+            )),
+            udp: UdpRepr {
+                src_port: 49441,
+                dst_port: ROCE_V2_PORT,
+            },
+            roce: RoceRepr {
+                bth: BthRepr {
+                    opcode: Opcode::RC_SEND_ONLY,
+                    solicited: false,
+                    mig_req: true,
+                    pad_count: 0,
+                    pkey: 0xffff,
+                    fecn: false,
+                    becn: false,
+                    dest_qp: 0x11,
+                    ack_req: true,
+                    psn: Psn::new(0x123456),
+                },
+                ext: ExtRepr::default(),
+                payload,
+            },
+        }
+    }
+
+    #[test]
+    fn build_parse_verify_v4() {
+        let payload: Vec<u8> = (0..100u8).collect();
+        let r = repr_v4(&payload);
+        let mut buf = [0u8; 256];
+        let n = r.emit(&mut buf).unwrap();
+        assert_eq!(n, 14 + 20 + 8 + 12 + 100 + 4);
+        let f = Frame::parse(&buf[..n]).unwrap();
+        f.verify().unwrap();
+        assert_eq!(f.udp_checksum(), 0);
+        assert_eq!(FrameRepr::parse(&f).unwrap(), r);
+        // An Ethernet trailer (minimum frame padding) is ignored.
+        let f2 = Frame::parse(&buf[..n + 10]).unwrap();
+        assert_eq!(f2.bytes().len(), n);
+        // One flipped bit anywhere after the Ethernet header is caught.
+        for i in 14..n {
+            let mut c = buf;
+            c[i] ^= 0x10;
+            let bad = Frame::parse(&c[..n]).and_then(|f| f.verify());
+            // Only the BTH's reserved bits are covered by nothing: the ICRC masks byte 4
+            // and its other masked fields (TOS, TTL) are covered by the IPv4 checksum.
+            let masked = i == 42 + 4;
+            assert_eq!(bad.is_err(), !masked, "byte {i}");
+        }
+    }
+
+    #[test]
+    fn build_parse_verify_v6_vlan() {
+        let payload = [7u8; 33];
+        let mut r = repr_v4(&payload);
+        r.eth.vlan = Some(crate::wire::VlanTag {
+            pcp: 3,
+            dei: false,
+            vid: 42,
+        });
+        r.eth.ethertype = ETHERTYPE_IPV6;
+        r.ip = IpRepr::V6(Ipv6Repr {
+            src: "fd00::2".parse().unwrap(),
+            dst: "fd00::1".parse().unwrap(),
+            traffic_class: 0,
+            flow_label: 0,
+            hop_limit: 64,
+        });
+        r.roce.bth.opcode = Opcode::UD_SEND_ONLY_WITH_IMMEDIATE;
+        r.roce.ext.deth = Some(DethRepr {
+            qkey: 0x11111111,
+            src_qp: 0x22,
+        });
+        r.roce.ext.immdt = Some(ImmDtRepr { imm: 9 });
+        let mut buf = [0u8; 256];
+        let n = r.emit(&mut buf).unwrap();
+        let f = Frame::parse(&buf[..n]).unwrap();
+        assert_ne!(f.udp_checksum(), 0);
+        f.verify().unwrap();
+        let mut back = FrameRepr::parse(&f).unwrap();
+        assert_eq!(back.roce.bth.pad_count, 3);
+        back.roce.bth.pad_count = 0;
+        assert_eq!(back, r);
+        // A corrupted UDP checksum is reported as such.
+        buf[18 + 40 + 6] ^= 1;
+        assert!(matches!(
+            Frame::parse(&buf[..n]).unwrap().verify(),
+            Err(Error::BadUdpChecksum { .. })
+        ));
+    }
+
+    #[test]
+    fn typed_errors() {
+        let mut r = repr_v4(&[]);
+        r.roce.bth.opcode = Opcode::RC_ACKNOWLEDGE;
+        r.roce.ext.aeth = Some(AethRepr {
+            syndrome: Syndrome::ACK,
+            msn: 3,
+        });
+        let mut good = [0u8; 128];
+        let n = r.emit(&mut good).unwrap();
+        let good = &good[..n];
+        let with = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut v = good.to_vec();
+            f(&mut v);
+            Frame::parse(&v).map(|_| ()).unwrap_err()
+        };
+        assert_eq!(with(&|v| v[13] = 0x06), Error::NotIp(0x0806));
+        assert_eq!(with(&|v| v[14] = 0x65), Error::BadIpVersion(6));
+        assert_eq!(with(&|v| v[14] = 0x44), Error::IhlTooSmall(4));
+        assert_eq!(
+            with(&|v| v[16..18].copy_from_slice(&[0, 10])),
+            Error::BadIpLength {
+                total: 10,
+                header: 20
+            }
+        );
+        assert_eq!(with(&|v| v[20] |= 0x20), Error::Fragmented);
+        assert_eq!(with(&|v| v[23] = 6), Error::NotUdp(6));
+        assert_eq!(
+            with(&|v| v[36..38].copy_from_slice(&4792u16.to_be_bytes())),
+            Error::NotRoce(4792)
+        );
+        assert_eq!(
+            with(&|v| v[38..40].copy_from_slice(&20u16.to_be_bytes())),
+            Error::UdpLength { udp: 20, ip: 28 }
+        );
+        assert_eq!(with(&|v| v[43] |= 1), Error::BadTver(1));
+        assert_eq!(with(&|v| v[42] = 0x15), Error::UnknownOpcode(0x15));
+        // Every truncation is a typed error.
+        for i in 0..n {
+            assert!(
+                matches!(Frame::parse(&good[..i]), Err(Error::Truncated { .. })),
+                "cut at {i}: {:?}",
+                Frame::parse(&good[..i]).err()
+            );
+        }
+        let mut small = [0u8; 40];
+        assert!(matches!(
+            r.emit(&mut small),
+            Err(Error::BufferTooSmall { .. })
+        ));
+    }
+
+    #[test]
+    fn emit_with_fills_in_place() {
+        let mut r = repr_v4(&[]);
+        r.roce.bth.opcode = Opcode::RC_RDMA_WRITE_FIRST;
+        r.roce.ext.reth = Some(RethRepr {
+            va: 0x7000,
+            rkey: 0x1234,
+            dma_len: 4096,
+        });
+        let mut buf = [0u8; 2048];
+        let n = r
+            .emit_with(&mut buf, 1024, |dst| {
+                for (i, b) in dst.iter_mut().enumerate() {
+                    *b = i as u8;
+                }
+            })
+            .unwrap();
+        let f = Frame::parse(&buf[..n]).unwrap();
+        f.verify_icrc().unwrap();
+        assert_eq!(f.roce().payload().len(), 1024);
+        assert_eq!(f.roce().payload()[255], 255);
+        assert_eq!(f.roce().reth().unwrap().dma_len(), 4096);
+    }
+}

@@ -1,0 +1,264 @@
+//! The RoCEv2 Invariant CRC (IBA annex A17.3.3, as rxe's `rxe_icrc.c` computes it).
+//!
+//! CRC-32 (the zlib/Ethernet polynomial) over:
+//! 1. 8 bytes of 0xFF, standing for the InfiniBand LRH that RoCEv2 does not carry;
+//! 2. the IP header with the fields routers change masked to ones: IPv4 TOS, TTL and
+//!    header checksum; IPv6 traffic class, flow label and hop limit;
+//! 3. the UDP header with its checksum masked to ones;
+//! 4. the BTH with byte 4 (FECN, BECN, reserved) masked to ones;
+//! 5. everything after the BTH up to the ICRC, pad included.
+//!
+//! The result is stored little-endian in the last 4 bytes of the UDP payload.
+//!
+//! The masked headers (at most 8 + 60 + 8 + 12 bytes) are assembled on the stack so the
+//! CRC runs in two calls and the frame itself is never copied.
+
+use super::bth;
+use super::{Error, Result};
+
+/// Length of the ICRC trailer.
+pub const LEN: usize = 4;
+
+/// A hasher with the CPU features already detected; cloning it is cheaper than
+/// `Hasher::new`, which probes the CPU on every call.
+fn hasher() -> crc32fast::Hasher {
+    static TEMPLATE: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    TEMPLATE.get_or_init(crc32fast::Hasher::new).clone()
+}
+
+/// A hasher that has already consumed the 8 bytes of 0xFF that stand for the LRH.
+fn hasher_after_lrh() -> crc32fast::Hasher {
+    static TEMPLATE: std::sync::OnceLock<crc32fast::Hasher> = std::sync::OnceLock::new();
+    TEMPLATE
+        .get_or_init(|| crc32fast::Hasher::new_with_initial(crc32fast::hash(&[0xff; 8])))
+        .clone()
+}
+
+/// Computes the ICRC of the packet in `frame` (IP header at `l3`, UDP at `l4`, BTH at
+/// `bth`, ICRC trailer at `icrc_off`) in one pass over the frame: the masked fields are
+/// set to ones in place, the CRC runs, and their values are put back. The sender's path:
+/// it owns the buffer, and one pass over contiguous bytes is faster than two.
+pub fn compute_in_place(
+    frame: &mut [u8],
+    l3: usize,
+    l4: usize,
+    bth: usize,
+    icrc_off: usize,
+) -> Result<u32> {
+    if !(l3 < l4 && l4 + 8 == bth && bth + bth::LEN <= icrc_off && icrc_off <= frame.len()) {
+        return Err(Error::Malformed("ICRC: inconsistent offsets"));
+    }
+    let v6 = match (frame[l3] >> 4, l4 - l3) {
+        (4, 20..=60) => false,
+        (6, 40) => true,
+        _ => return Err(Error::Malformed("ICRC: not an IPv4 or IPv6 header")),
+    };
+    // The bytes to mask: IPv4 TOS, TTL, checksum; IPv6 traffic class + flow label (the
+    // low nibble of byte 0 and bytes 1-3) and hop limit; UDP checksum; BTH byte 4.
+    let pos: [usize; 7] = if v6 {
+        [l3, l3 + 1, l3 + 2, l3 + 3, l3 + 7, l4 + 6, l4 + 7]
+    } else {
+        [
+            l3 + 1,
+            l3 + 8,
+            l3 + 10,
+            l3 + 11,
+            l4 + 6,
+            l4 + 7,
+            bth + bth::ICRC_MASKED_BYTE,
+        ]
+    };
+    let mut saved = [0u8; 8];
+    for (s, &p) in saved.iter_mut().zip(&pos) {
+        *s = frame[p];
+        frame[p] = 0xff;
+    }
+    if v6 {
+        // Byte 0 keeps its version nibble.
+        frame[l3] = saved[0] | 0x0f;
+        saved[7] = frame[bth + bth::ICRC_MASKED_BYTE];
+        frame[bth + bth::ICRC_MASKED_BYTE] = 0xff;
+    }
+    let mut h = hasher_after_lrh();
+    h.update(&frame[l3..icrc_off]);
+    for (s, &p) in saved.iter().zip(&pos) {
+        frame[p] = *s;
+    }
+    if v6 {
+        frame[bth + bth::ICRC_MASKED_BYTE] = saved[7];
+    }
+    Ok(h.finalize())
+}
+
+/// Computes the ICRC of a packet given its raw IP header (IPv4 with options, or the
+/// 40-byte IPv6 header), its 8-byte UDP header, and the UDP payload without the ICRC
+/// (BTH first). Returns `Malformed` when the pieces are too short to be headers.
+pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> Result<u32> {
+    if udp_header.len() != 8 {
+        return Err(Error::Malformed("ICRC: UDP header is not 8 bytes"));
+    }
+    let Some(bth_bytes) = transport.get(..bth::LEN) else {
+        return Err(Error::Malformed("ICRC: shorter than a BTH"));
+    };
+    let mut h = hasher();
+    if ip_header.len() == 20 && ip_header[0] >> 4 == 4 {
+        // The common case, IPv4 without options: the masked headers are exactly 48 bytes,
+        // three 16-byte blocks for the CRC kernel.
+        let mut pre = [0xffu8; 48];
+        pre[8..28].copy_from_slice(ip_header);
+        pre[9] = 0xff; // TOS (DSCP + ECN)
+        pre[16] = 0xff; // TTL
+        pre[18] = 0xff; // header checksum
+        pre[19] = 0xff;
+        pre[28..34].copy_from_slice(&udp_header[..6]);
+        // pre[34..36] stay 0xff: the masked UDP checksum.
+        pre[36..48].copy_from_slice(bth_bytes);
+        pre[36 + bth::ICRC_MASKED_BYTE] = 0xff;
+        h.update(&pre);
+    } else {
+        let mut pre = [0xffu8; 8 + 60 + 8 + bth::LEN];
+        let mut n = 8;
+        match ip_header.first().map(|b| b >> 4) {
+            Some(4) if (20..=60).contains(&ip_header.len()) => {
+                pre[n..n + ip_header.len()].copy_from_slice(ip_header);
+                pre[n + 1] = 0xff; // TOS (DSCP + ECN)
+                pre[n + 8] = 0xff; // TTL
+                pre[n + 10] = 0xff; // header checksum
+                pre[n + 11] = 0xff;
+                n += ip_header.len();
+            }
+            Some(6) if ip_header.len() == 40 => {
+                pre[n..n + 40].copy_from_slice(ip_header);
+                // Version stays; traffic class and flow label become all ones.
+                pre[n] |= 0x0f;
+                pre[n + 1] = 0xff;
+                pre[n + 2] = 0xff;
+                pre[n + 3] = 0xff;
+                pre[n + 7] = 0xff; // hop limit
+                n += 40;
+            }
+            _ => return Err(Error::Malformed("ICRC: not an IPv4 or IPv6 header")),
+        }
+        pre[n..n + 6].copy_from_slice(&udp_header[..6]);
+        // pre[n + 6..n + 8] stay 0xff: the masked UDP checksum.
+        n += 8;
+        pre[n..n + bth::LEN].copy_from_slice(bth_bytes);
+        pre[n + bth::ICRC_MASKED_BYTE] = 0xff;
+        n += bth::LEN;
+        h.update(&pre[..n]);
+    }
+    h.update(&transport[bth::LEN..]);
+    Ok(h.finalize())
+}
+
+/// Reads the ICRC stored at the end of a UDP payload.
+#[inline]
+pub fn read(trailer: &[u8; 4]) -> u32 {
+    u32::from_le_bytes(*trailer)
+}
+
+/// Writes an ICRC in its little-endian wire form.
+#[inline]
+pub fn write(trailer: &mut [u8], icrc: u32) {
+    trailer[..LEN].copy_from_slice(&icrc.to_le_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An independent, byte-by-byte statement of the rule, for cross-checking.
+    fn reference(ip: &[u8], udp: &[u8], transport: &[u8]) -> u32 {
+        let mut v: Vec<u8> = vec![0xff; 8];
+        let mut ip = ip.to_vec();
+        if ip[0] >> 4 == 4 {
+            ip[1] = 0xff;
+            ip[8] = 0xff;
+            ip[10] = 0xff;
+            ip[11] = 0xff;
+        } else {
+            ip[0] |= 0x0f;
+            ip[1] = 0xff;
+            ip[2] = 0xff;
+            ip[3] = 0xff;
+            ip[7] = 0xff;
+        }
+        v.extend_from_slice(&ip);
+        let mut udp = udp.to_vec();
+        udp[6] = 0xff;
+        udp[7] = 0xff;
+        v.extend_from_slice(&udp);
+        let mut t = transport.to_vec();
+        t[4] = 0xff;
+        v.extend_from_slice(&t);
+        crc32fast::hash(&v)
+    }
+
+    #[test]
+    fn matches_the_reference_for_v4_and_v6() {
+        let ip4: Vec<u8> = (0..20u8).map(|i| i.wrapping_mul(37) | 0x40).collect();
+        let mut ip4 = ip4;
+        ip4[0] = 0x45;
+        let mut ip6: Vec<u8> = (0..40u8).map(|i| i.wrapping_mul(11)).collect();
+        ip6[0] = 0x6a;
+        let udp = [0xc0, 0x01, 0x12, 0xb7, 0x00, 0x30, 0x12, 0x34];
+        let t: Vec<u8> = (0..40u8).collect();
+        assert_eq!(compute(&ip4, &udp, &t).unwrap(), reference(&ip4, &udp, &t));
+        assert_eq!(compute(&ip6, &udp, &t).unwrap(), reference(&ip6, &udp, &t));
+        // Masked fields do not change the result; others do.
+        let mut ip4b = ip4.clone();
+        ip4b[8] = 1; // TTL
+        ip4b[1] = 0x2e; // TOS
+        assert_eq!(
+            compute(&ip4b, &udp, &t).unwrap(),
+            compute(&ip4, &udp, &t).unwrap()
+        );
+        ip4b[12] ^= 1; // source address
+        assert_ne!(
+            compute(&ip4b, &udp, &t).unwrap(),
+            compute(&ip4, &udp, &t).unwrap()
+        );
+        let mut tb = t.clone();
+        tb[4] = 0xc0; // FECN/BECN
+        assert_eq!(
+            compute(&ip4, &udp, &tb).unwrap(),
+            compute(&ip4, &udp, &t).unwrap()
+        );
+        tb[20] ^= 0x80;
+        assert_ne!(
+            compute(&ip4, &udp, &tb).unwrap(),
+            compute(&ip4, &udp, &t).unwrap()
+        );
+    }
+
+    #[test]
+    fn in_place_matches_and_restores() {
+        for ip_len in [20usize, 24, 60, 40] {
+            let mut f: Vec<u8> = (0..(14 + ip_len + 8 + 60)).map(|i| (i * 7) as u8).collect();
+            f[14] = if ip_len == 40 {
+                0x6a
+            } else {
+                0x40 | (ip_len / 4) as u8
+            };
+            let (l3, l4) = (14, 14 + ip_len);
+            let (bth, end) = (l4 + 8, f.len() - 4);
+            let want = compute(&f[l3..l4], &f[l4..bth], &f[bth..end]).unwrap();
+            let before = f.clone();
+            assert_eq!(compute_in_place(&mut f, l3, l4, bth, end).unwrap(), want);
+            assert_eq!(f, before, "bytes restored");
+        }
+        let mut f = vec![0u8; 100];
+        assert!(compute_in_place(&mut f, 14, 34, 43, 96).is_err());
+        assert!(compute_in_place(&mut f, 14, 34, 42, 101).is_err());
+        f[14] = 0x45;
+        assert!(compute_in_place(&mut f, 14, 34, 42, 96).is_ok());
+    }
+
+    #[test]
+    fn rejects_non_headers() {
+        assert!(compute(&[], &[0; 8], &[0; 12]).is_err());
+        assert!(compute(&[0x45; 19], &[0; 8], &[0; 12]).is_err());
+        assert!(compute(&[0x60; 40], &[0; 7], &[0; 12]).is_err());
+        assert!(compute(&[0x60; 40], &[0; 8], &[0; 11]).is_err());
+    }
+}

@@ -1,0 +1,263 @@
+//! Property tests of the wire layer: hostile bytes never panic, and parse(emit(x)) == x
+//! for random valid frames of every opcode.
+
+use proptest::prelude::*;
+use roce_xdp::wire::aeth::Syndrome;
+use roce_xdp::wire::roce::pad_for;
+use roce_xdp::wire::*;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// Exercises every accessor of a parsed frame; must not panic whatever it holds.
+fn touch(f: &Frame<'_>) {
+    let _ = f.verify();
+    let _ = f.verify_ip_checksum();
+    let _ = f.verify_udp_checksum();
+    let _ = f.computed_icrc();
+    let r = f.roce();
+    let _ = (r.payload(), r.pad_bytes(), r.icrc(), r.payload_len());
+    let b = r.bth();
+    let _ = (b.opcode(), b.psn(), b.dest_qp(), b.pkey(), b.ack_req());
+    let _ = (r.reth().map(|h| h.va()), r.aeth().map(|h| h.syndrome()));
+    let _ = (
+        r.deth().map(|h| h.qkey()),
+        r.atomic_eth().map(|h| h.compare()),
+    );
+    let _ = (r.atomic_ack_eth().map(|h| h.orig()), r.immdt(), r.ieth());
+    let _ = FrameRepr::parse(f).map(|x| x.to_owned_len());
+    if b.dest_qp() == 1 {
+        let _ = cm::CmMessage::from_mad(r.payload());
+    }
+}
+
+trait Len {
+    fn to_owned_len(&self) -> usize;
+}
+impl Len for FrameRepr<'_> {
+    fn to_owned_len(&self) -> usize {
+        self.buffer_len().unwrap_or(0)
+    }
+}
+
+fn arb_ip() -> impl Strategy<Value = IpRepr> {
+    let v4 = (
+        any::<[u8; 4]>(),
+        any::<[u8; 4]>(),
+        0u8..64,
+        0u8..4,
+        any::<u16>(),
+        any::<bool>(),
+        any::<u8>(),
+        0usize..=10,
+        any::<[u8; 40]>(),
+    )
+        .prop_map(|(s, d, dscp, ecn, id, df, ttl, words, opt)| {
+            let mut r = Ipv4Repr::new(Ipv4Addr::from(s), Ipv4Addr::from(d), id);
+            r.dscp = dscp;
+            r.ecn = ecn;
+            r.dont_fragment = df;
+            r.ttl = ttl;
+            r.options = etherparse::Ipv4Options::try_from(&opt[..words * 4]).unwrap();
+            IpRepr::V4(r)
+        });
+    let v6 = (
+        any::<[u8; 16]>(),
+        any::<[u8; 16]>(),
+        any::<u8>(),
+        0u32..(1 << 20),
+        any::<u8>(),
+    )
+        .prop_map(|(s, d, tc, fl, hl)| {
+            IpRepr::V6(Ipv6Repr {
+                src: Ipv6Addr::from(s),
+                dst: Ipv6Addr::from(d),
+                traffic_class: tc,
+                flow_label: fl,
+                hop_limit: hl,
+            })
+        });
+    prop_oneof![v4, v6]
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    eth: EthRepr,
+    ip: IpRepr,
+    sport: u16,
+    bth: BthRepr,
+    ext: ExtRepr,
+    payload: Vec<u8>,
+}
+
+impl Case {
+    fn repr(&self) -> FrameRepr<'_> {
+        FrameRepr {
+            eth: self.eth,
+            ip: self.ip.clone(),
+            udp: UdpRepr {
+                src_port: self.sport,
+                dst_port: ROCE_V2_PORT,
+            },
+            roce: RoceRepr {
+                bth: self.bth,
+                ext: self.ext,
+                payload: &self.payload,
+            },
+        }
+    }
+}
+
+fn arb_case() -> impl Strategy<Value = Case> {
+    let opcodes: Vec<u8> = Opcode::all().map(|i| i.code).collect();
+    (
+        proptest::sample::select(opcodes),
+        any::<([u8; 6], [u8; 6])>(),
+        proptest::option::of((0u8..8, any::<bool>(), 0u16..4096)),
+        arb_ip(),
+        any::<u16>(),
+        any::<(bool, bool, u16, bool, bool, u32, bool, u32)>(),
+        any::<(u64, u32, u32, u64, u64, u8, u32)>(),
+        proptest::collection::vec(any::<u8>(), 0..=4096),
+    )
+        .prop_map(|(op, (dst, src), vlan, ip, sport, b, x, payload)| {
+            let info = Opcode(op).info().unwrap();
+            let payload = if info.payload { payload } else { vec![] };
+            let (se, m, pkey, fecn, becn, dqp, ackreq, psn) = b;
+            let (va, key, len, a, c, synd, msn) = x;
+            let has = |k| info.has(k);
+            let ext = ExtRepr {
+                deth: has(HeaderKind::Deth).then_some(DethRepr {
+                    qkey: key,
+                    src_qp: len & 0xff_ffff,
+                }),
+                reth: has(HeaderKind::Reth).then_some(RethRepr {
+                    va,
+                    rkey: key,
+                    dma_len: len,
+                }),
+                atomic_eth: has(HeaderKind::AtomicEth).then_some(AtomicEthRepr {
+                    va,
+                    rkey: key,
+                    swap_add: a,
+                    compare: c,
+                }),
+                aeth: has(HeaderKind::Aeth).then_some(AethRepr {
+                    syndrome: Syndrome::from_byte(synd),
+                    msn: msn & 0xff_ffff,
+                }),
+                atomic_ack_eth: has(HeaderKind::AtomicAckEth)
+                    .then_some(AtomicAckEthRepr { orig: a }),
+                immdt: has(HeaderKind::ImmDt).then_some(ImmDtRepr { imm: msn }),
+                ieth: has(HeaderKind::Ieth).then_some(IethRepr { rkey: len }),
+            };
+            let ethertype = match ip {
+                IpRepr::V4(_) => 0x0800,
+                IpRepr::V6(_) => 0x86dd,
+            };
+            Case {
+                eth: EthRepr {
+                    dst,
+                    src,
+                    vlan: vlan.map(|(pcp, dei, vid)| VlanTag { pcp, dei, vid }),
+                    ethertype,
+                },
+                ip,
+                sport,
+                bth: BthRepr {
+                    opcode: Opcode(op),
+                    solicited: se,
+                    mig_req: m,
+                    pad_count: pad_for(payload.len()),
+                    pkey,
+                    fecn,
+                    becn,
+                    dest_qp: dqp & 0xff_ffff,
+                    ack_req: ackreq,
+                    psn: Psn::new(psn),
+                },
+                ext,
+                payload,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1600)) {
+        if let Ok(f) = Frame::parse(&bytes) {
+            touch(&f);
+        }
+        if let Ok(f) = Frame::parse_ip(&bytes) {
+            touch(&f);
+        }
+        if let Ok(p) = RocePacket::new_checked(&bytes[..]) {
+            let _ = RoceRepr::parse(&p);
+        }
+        let _ = cm::CmMessage::from_mad(&bytes);
+    }
+
+    #[test]
+    fn parse_emit_round_trip(c in arb_case()) {
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        let n = r.emit(&mut buf).unwrap();
+        prop_assert_eq!(n, buf.len());
+        let f = Frame::parse(&buf).unwrap();
+        f.verify().unwrap();
+        prop_assert_eq!(FrameRepr::parse(&f).unwrap(), r);
+        // Emitting the parsed frame again gives the same bytes.
+        let mut again = vec![0u8; n];
+        FrameRepr::parse(&f).unwrap().emit(&mut again).unwrap();
+        prop_assert_eq!(&again, &buf);
+    }
+
+    #[test]
+    fn truncations_are_errors(c in arb_case(), cut in any::<proptest::sample::Index>()) {
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut buf).unwrap();
+        let at = cut.index(buf.len());
+        let e = Frame::parse(&buf[..at]).unwrap_err();
+        prop_assert!(matches!(e, Error::Truncated { .. }), "{:?}", e);
+    }
+
+    #[test]
+    fn mutations_never_panic_and_are_caught(c in arb_case(), at in any::<proptest::sample::Index>(), bit in 0u8..8) {
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut buf).unwrap();
+        let l2 = r.eth.buffer_len();
+        let i = l2 + at.index(buf.len() - l2);
+        buf[i] ^= 1 << bit;
+        let bth = l2 + r.ip.buffer_len() + 8;
+        if let Ok(f) = Frame::parse(&buf) {
+            touch(&f);
+            // Only BTH byte 4 (FECN, BECN, reserved: switches may set them) and the
+            // IPv6 fields the ICRC masks (no header checksum) may change unnoticed.
+            let v6_masked = matches!(r.ip, IpRepr::V6(_)) && {
+                let o = i - l2;
+                o == 0 && bit < 4 || o == 1 || o == 2 || o == 3 || o == 7
+            };
+            let resv = i == bth + 4;
+            if !(v6_masked || resv) {
+                prop_assert!(f.verify().is_err(), "flip at {} bit {} unnoticed", i, bit);
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_transport_headers_never_panic(c in arb_case(), junk in proptest::collection::vec(any::<u8>(), 64)) {
+        // Valid Ethernet/IP/UDP around a BTH and extension headers of random bytes, so the
+        // RoCE parser itself sees hostile opcodes, flags and lengths.
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut buf).unwrap();
+        let bth = r.eth.buffer_len() + r.ip.buffer_len() + 8;
+        let end = buf.len().min(bth + junk.len());
+        buf[bth..end].copy_from_slice(&junk[..end - bth]);
+        if let Ok(f) = Frame::parse(&buf) {
+            touch(&f);
+        }
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what roce-xdp needs to build and test on Debian 12: system packages via
+# apt-get (only those missing, so a second run takes well under a second) and checks the
+# Rust toolchain. Run as root. Used by README's two commands and by .ci/run.
+set -euo pipefail
+
+PKGS=(
+    # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts
+    clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
+    # tests: network namespaces, veth, loss injection, captures
+    iproute2 nftables tcpdump
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    for d in "$HOME/.cargo/bin" /usr/local/cargo/bin; do
+        [ -x "$d/cargo" ] && export PATH="$d:$PATH"
+    done
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found. roce-xdp needs Rust 1.88 or newer (Debian 12's rustc is too old); install it with rustup." >&2
+    exit 1
+fi
+echo "setup: ok ($(cargo --version))"
