@@ -1,0 +1,288 @@
+//! Reading and writing packet captures (pcap and pcapng) with `pcap-file`.
+//!
+//! The reader parses the whole file from memory, so a hostile file can make it allocate
+//! no more than its own size, and a truncated file ends with [`CaptureError::Truncated`]
+//! after the frames that were whole.
+
+use crate::wire::{self, Frame};
+use pcap_file::pcapng::Block;
+use pcap_file::{DataLink, PcapError};
+use std::path::Path;
+use std::time::Duration;
+
+/// Why a capture could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptureError {
+    #[error("cannot read {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0} is not a pcap or pcapng file")]
+    NotPcap(String),
+    #[error("{path} is truncated or corrupt after frame {after}: {what}")]
+    Truncated {
+        path: String,
+        after: usize,
+        what: String,
+    },
+}
+
+/// The link layer of a capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkType {
+    Ethernet,
+    /// Linux "cooked" capture (tcpdump -i any), 16-byte header.
+    LinuxSll,
+    /// Linux cooked capture v2, 20-byte header.
+    LinuxSll2,
+    /// Raw IPv4/IPv6, no link header.
+    RawIp,
+    Other(u32),
+}
+
+impl From<DataLink> for LinkType {
+    fn from(d: DataLink) -> LinkType {
+        match d {
+            DataLink::ETHERNET => LinkType::Ethernet,
+            DataLink::LINUX_SLL => LinkType::LinuxSll,
+            DataLink::LINUX_SLL2 => LinkType::LinuxSll2,
+            DataLink::RAW | DataLink::IPV4 | DataLink::IPV6 => LinkType::RawIp,
+            other => LinkType::Other(u32::from(other)),
+        }
+    }
+}
+
+/// One captured frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Packet<'a> {
+    /// 1-based position in the file.
+    pub index: usize,
+    /// Capture time since the Unix epoch.
+    pub time: Duration,
+    pub data: &'a [u8],
+    /// Length on the wire (larger than `data` when the snap length cut it).
+    pub orig_len: u32,
+    pub link: LinkType,
+}
+
+impl<'a> Packet<'a> {
+    /// Parses the frame as RoCEv2, whatever the link layer.
+    pub fn roce(&self) -> wire::Result<Frame<'a>> {
+        let d = self.data;
+        match self.link {
+            LinkType::Ethernet => Frame::parse(d),
+            LinkType::LinuxSll => Frame::parse_ip(d.get(16..).unwrap_or(&[])),
+            LinkType::LinuxSll2 => Frame::parse_ip(d.get(20..).unwrap_or(&[])),
+            LinkType::RawIp => Frame::parse_ip(d),
+            LinkType::Other(_) => Err(wire::Error::Malformed("unsupported link type")),
+        }
+    }
+}
+
+/// A capture file held in memory.
+pub struct Capture {
+    path: String,
+    data: Vec<u8>,
+}
+
+impl Capture {
+    /// Reads a capture file. The format is detected by its magic number.
+    pub fn open(path: &Path) -> Result<Capture, CaptureError> {
+        let p = path.display().to_string();
+        let data = std::fs::read(path).map_err(|source| CaptureError::Open {
+            path: p.clone(),
+            source,
+        })?;
+        Ok(Capture { path: p, data })
+    }
+
+    /// A capture from bytes already in memory (`name` is used in error messages).
+    pub fn from_bytes(name: &str, data: Vec<u8>) -> Capture {
+        Capture {
+            path: name.to_string(),
+            data,
+        }
+    }
+
+    /// Iterates over the frames.
+    pub fn packets(&self) -> Result<Packets<'_>, CaptureError> {
+        let d = &self.data[..];
+        let magic = d.get(..4).map(|m| [m[0], m[1], m[2], m[3]]);
+        let not_pcap = || CaptureError::NotPcap(self.path.clone());
+        let format = match magic {
+            Some([0x0a, 0x0d, 0x0d, 0x0a]) => {
+                let (rest, parser) =
+                    pcap_file::pcapng::PcapNgParser::new(d).map_err(|_| not_pcap())?;
+                Format::Ng { parser, rest }
+            }
+            Some(m)
+                if matches!(
+                    u32::from_le_bytes(m),
+                    0xa1b2_c3d4 | 0xa1b2_3c4d | 0xd4c3_b2a1 | 0x4d3c_b2a1
+                ) =>
+            {
+                let (rest, parser) = pcap_file::pcap::PcapParser::new(d).map_err(|_| not_pcap())?;
+                let link = parser.header().datalink.into();
+                Format::Pcap { parser, rest, link }
+            }
+            _ => return Err(not_pcap()),
+        };
+        Ok(Packets {
+            path: &self.path,
+            format,
+            index: 0,
+            done: false,
+        })
+    }
+}
+
+enum Format<'a> {
+    Pcap {
+        parser: pcap_file::pcap::PcapParser,
+        rest: &'a [u8],
+        link: LinkType,
+    },
+    Ng {
+        parser: pcap_file::pcapng::PcapNgParser,
+        rest: &'a [u8],
+    },
+}
+
+/// Iterator over the frames of a [`Capture`].
+pub struct Packets<'a> {
+    path: &'a str,
+    format: Format<'a>,
+    index: usize,
+    done: bool,
+}
+
+impl<'a> Packets<'a> {
+    fn fail(&mut self, e: PcapError) -> Option<Result<Packet<'a>, CaptureError>> {
+        self.done = true;
+        let what = match e {
+            PcapError::IncompleteBuffer => "the last frame is cut short".to_string(),
+            other => other.to_string(),
+        };
+        Some(Err(CaptureError::Truncated {
+            path: self.path.to_string(),
+            after: self.index,
+            what,
+        }))
+    }
+}
+
+/// Timestamp of an enhanced packet block: pcap-file reports the raw count as if it were
+/// nanoseconds; scale it by the interface's `if_tsresol` (default microseconds).
+fn ng_time(raw: u128, tsresol: Option<u8>) -> Duration {
+    let r = tsresol.unwrap_or(6);
+    let (num, den): (u128, u128) = if r & 0x80 == 0 {
+        let e = u32::from(r.min(19));
+        (1_000_000_000, 10u128.pow(e))
+    } else {
+        (1_000_000_000, 1u128 << u32::from((r & 0x7f).min(63)))
+    };
+    let ns = raw.saturating_mul(num) / den;
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+impl<'a> Iterator for Packets<'a> {
+    type Item = Result<Packet<'a>, CaptureError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match &mut self.format {
+            Format::Pcap { parser, rest, link } => {
+                if rest.is_empty() {
+                    self.done = true;
+                    return None;
+                }
+                let link = *link;
+                match parser.next_packet(rest) {
+                    Ok((r, p)) => {
+                        *rest = r;
+                        self.index += 1;
+                        let data: &'a [u8] = match p.data {
+                            std::borrow::Cow::Borrowed(b) => b,
+                            std::borrow::Cow::Owned(_) => &[],
+                        };
+                        Some(Ok(Packet {
+                            index: self.index,
+                            time: p.timestamp,
+                            data,
+                            orig_len: p.orig_len,
+                            link,
+                        }))
+                    }
+                    Err(e) => self.fail(e),
+                }
+            }
+            Format::Ng { parser, rest } => loop {
+                if rest.is_empty() {
+                    self.done = true;
+                    return None;
+                }
+                let (r, block) = match parser.next_block(rest) {
+                    Ok(x) => x,
+                    Err(e) => return self.fail(e),
+                };
+                *rest = r;
+                let (iface, ts, data, orig_len) = match block {
+                    Block::EnhancedPacket(p) => {
+                        let data: &'a [u8] = match p.data {
+                            std::borrow::Cow::Borrowed(b) => b,
+                            std::borrow::Cow::Owned(_) => &[],
+                        };
+                        (p.interface_id, p.timestamp.as_nanos(), data, p.original_len)
+                    }
+                    Block::SimplePacket(p) => {
+                        let data: &'a [u8] = match p.data {
+                            std::borrow::Cow::Borrowed(b) => b,
+                            std::borrow::Cow::Owned(_) => &[],
+                        };
+                        (0, 0, data, p.original_len)
+                    }
+                    _ => continue,
+                };
+                let Some(ifd) = parser.interfaces().get(iface as usize) else {
+                    return self.fail(PcapError::InvalidInterfaceId(iface));
+                };
+                let tsresol = ifd.options.iter().find_map(|o| match o {
+                    pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionOption::IfTsResol(r) => Some(*r),
+                    _ => None,
+                });
+                self.index += 1;
+                return Some(Ok(Packet {
+                    index: self.index,
+                    time: ng_time(ts, tsresol),
+                    data,
+                    orig_len,
+                    link: ifd.linktype.into(),
+                }));
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ng_time_scales_by_resolution() {
+        assert_eq!(ng_time(1_500_000, None), Duration::from_millis(1500));
+        assert_eq!(ng_time(1_500_000_000, Some(9)), Duration::from_millis(1500));
+        assert_eq!(ng_time(3, Some(0x81)), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn rejects_non_pcap() {
+        let c = Capture::from_bytes("x", b"hello world".to_vec());
+        assert!(matches!(c.packets(), Err(CaptureError::NotPcap(_))));
+        let c = Capture::from_bytes("x", vec![]);
+        assert!(matches!(c.packets(), Err(CaptureError::NotPcap(_))));
+    }
+}
