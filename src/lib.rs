@@ -1,7 +1,8 @@
 //! roce-xdp: a software RoCEv2 NIC.
 //!
 //! - [`wire`]: the RoCEv2 wire format (views, representations, ICRC, opcode table).
-//! - [`capture`]: reading pcap and pcapng files.
+//! - [`decode`]: `roce-xdp decode`, which explains captured traffic field by field.
 
 pub mod capture;
+pub mod decode;
 pub mod wire;

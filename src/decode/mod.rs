@@ -1,0 +1,423 @@
+//! `roce-xdp decode FILE`: explains a capture, frame by frame, header by header.
+//!
+//! Four views of the same pass over the file: the full explanation (default), one line
+//! per frame (`--brief`), a sequence diagram per QP connection (`--ladder`), and one JSON
+//! object per frame (`--json`). The first three end with a summary.
+
+pub mod explain;
+pub mod flows;
+pub mod json;
+pub mod ladder;
+
+use crate::capture::{Capture, CaptureError, LinkType, Packet};
+use crate::wire::aeth::Syndrome;
+use crate::wire::{Error as WireError, Frame, Opcode};
+use flows::{FlowKey, Observation, Tracker};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::Path;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Full,
+    Brief,
+    Ladder,
+    Json,
+}
+
+/// Why `decode` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error("writing output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Everything learnt about one RoCE frame in the pass, shared by the views.
+pub struct Seen<'a> {
+    pub packet: Packet<'a>,
+    /// Seconds since the first frame of the file.
+    pub rel_time: f64,
+    pub frame: Frame<'a>,
+    pub obs: Observation,
+    pub icrc_ok: bool,
+}
+
+/// Counts for the closing summary.
+#[derive(Default)]
+struct Summary {
+    frames: usize,
+    roce: usize,
+    other: BTreeMap<String, usize>,
+    malformed: Vec<(usize, String)>,
+    per_opcode: BTreeMap<u8, usize>,
+    icrc_bad: Vec<usize>,
+    retransmitted: Vec<(usize, FlowKey, u32)>,
+    naks: Vec<(usize, String)>,
+}
+
+/// What kind of non-RoCE frame this is, in a few words.
+fn describe_other(p: &Packet<'_>, err: &WireError) -> (String, String) {
+    use etherparse::{NetSlice, SlicedPacket, TransportSlice};
+    let sliced = match p.link {
+        LinkType::Ethernet => SlicedPacket::from_ethernet(p.data).ok(),
+        LinkType::LinuxSll => SlicedPacket::from_linux_sll(p.data).ok(),
+        _ => SlicedPacket::from_ip(p.data).ok(),
+    };
+    let Some(s) = sliced else {
+        return ("unparsable".into(), format!("not RoCE ({err})"));
+    };
+    let (src, dst) = match &s.net {
+        Some(NetSlice::Ipv4(h)) => (
+            h.header().source_addr().to_string(),
+            h.header().destination_addr().to_string(),
+        ),
+        Some(NetSlice::Ipv6(h)) => (
+            h.header().source_addr().to_string(),
+            h.header().destination_addr().to_string(),
+        ),
+        _ => (String::new(), String::new()),
+    };
+    let well_known = |port: u16| match port {
+        18515 => " (the TCP side channel of ibv_*_pingpong and perftest: QPN/PSN/GID exchange)",
+        4791 => " (RoCEv2, but not a valid packet)",
+        _ => "",
+    };
+    match (&s.transport, err) {
+        (Some(TransportSlice::Tcp(t)), _) => {
+            let mut note = well_known(t.destination_port());
+            if note.is_empty() {
+                note = well_known(t.source_port());
+            }
+            (
+                "TCP".into(),
+                format!(
+                    "TCP {src}:{} -> {dst}:{}{note}",
+                    t.source_port(),
+                    t.destination_port()
+                ),
+            )
+        }
+        (Some(TransportSlice::Udp(u)), _) => (
+            format!("UDP port {}", u.destination_port()),
+            format!(
+                "UDP {src}:{} -> {dst}:{}",
+                u.source_port(),
+                u.destination_port()
+            ),
+        ),
+        (Some(TransportSlice::Icmpv4(_)), _) => ("ICMP".into(), format!("ICMP {src} -> {dst}")),
+        (Some(TransportSlice::Icmpv6(_)), _) => ("ICMPv6".into(), format!("ICMPv6 {src} -> {dst}")),
+        (_, WireError::NotIp(0x0806)) => ("ARP".into(), "ARP".into()),
+        (_, WireError::NotIp(t)) => (
+            format!("EtherType 0x{t:04x}"),
+            format!("EtherType 0x{t:04x}"),
+        ),
+        (_, WireError::Fragmented) => ("IP fragment".into(), format!("IP fragment {src} -> {dst}")),
+        (_, e) => ("other".into(), format!("{src} -> {dst} ({e})")),
+    }
+}
+
+/// A frame that claims to be RoCEv2 (UDP port 4791) but does not parse.
+fn is_broken_roce(e: &WireError) -> bool {
+    !e.is_not_roce()
+}
+
+/// The short label of a RoCE frame used by `--brief` and the ladder.
+pub fn short_label(f: &Frame<'_>) -> String {
+    let r = f.roce();
+    let b = r.bth();
+    let mut s = format!("{} psn 0x{:06x}", r.info().name, b.psn().value());
+    if let Some(a) = r.aeth() {
+        match a.syndrome() {
+            Syndrome::Ack { .. } => {
+                let _ = write!(s, " ACK msn {}", a.msn());
+            }
+            other => {
+                let _ = write!(s, " {other}");
+            }
+        }
+    }
+    if let Some(h) = r.reth() {
+        let _ = write!(s, " len {}", h.dma_len());
+    }
+    if b.ack_req() && r.info().request && r.info().transport == crate::wire::Transport::Rc {
+        s.push_str(" ackreq");
+    }
+    if b.dest_qp() == 1
+        && let Some(tag) = explain::cm_tag(r.payload())
+    {
+        let _ = write!(s, " [{tag}]");
+    }
+    s
+}
+
+/// Decodes `path` into `out` in the given mode.
+pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeError> {
+    let cap = Capture::open(path)?;
+    let packets = cap.packets()?;
+    let mut tracker = Tracker::default();
+    let mut ladder = ladder::Ladder::default();
+    let mut sum = Summary::default();
+    let mut t0 = None;
+    let mut failure = None;
+    let mut text = String::new();
+
+    for item in packets {
+        let p = match item {
+            Ok(p) => p,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
+        sum.frames += 1;
+        let t0 = *t0.get_or_insert(p.time);
+        let rel = p.time.saturating_sub(t0).as_secs_f64();
+        text.clear();
+        match p.roce() {
+            Ok(f) => {
+                sum.roce += 1;
+                let icrc_ok = f.verify_icrc().is_ok();
+                let obs = tracker.observe(p.index, &f, icrc_ok);
+                let seen = Seen {
+                    packet: p,
+                    rel_time: rel,
+                    frame: f,
+                    obs,
+                    icrc_ok,
+                };
+                record(&mut sum, &seen);
+                match mode {
+                    Mode::Full => full(&mut text, &seen),
+                    Mode::Brief => brief(&mut text, &seen),
+                    Mode::Ladder => ladder.push(&seen),
+                    Mode::Json => json::roce(&mut text, &seen),
+                }
+            }
+            Err(e) => {
+                let (kind, what) = describe_other(&p, &e);
+                let broken = is_broken_roce(&e);
+                let cut = (p.orig_len as usize) > p.data.len();
+                if broken {
+                    let why = if cut {
+                        format!("{e} (the capture's snap length cut the frame)")
+                    } else {
+                        e.to_string()
+                    };
+                    sum.malformed.push((p.index, why));
+                } else {
+                    *sum.other.entry(kind).or_insert(0) += 1;
+                }
+                match mode {
+                    Mode::Full => {
+                        if broken {
+                            let _ = writeln!(
+                                text,
+                                "Frame {}  t={rel:.6}s  {} bytes  MALFORMED RoCEv2: {}\n",
+                                p.index,
+                                p.data.len(),
+                                sum.malformed.last().map_or("", |m| m.1.as_str())
+                            );
+                        } else {
+                            let _ = writeln!(
+                                text,
+                                "Frame {}  t={rel:.6}s  {} bytes  not RoCE: {what}\n",
+                                p.index,
+                                p.data.len()
+                            );
+                        }
+                    }
+                    Mode::Brief => {
+                        let _ = writeln!(
+                            text,
+                            "{:>6} {rel:>11.6}  {}",
+                            p.index,
+                            if broken {
+                                format!("MALFORMED RoCEv2: {e}")
+                            } else {
+                                format!("(not RoCE) {what}")
+                            }
+                        );
+                    }
+                    Mode::Ladder => {}
+                    Mode::Json => json::other(&mut text, &p, rel, &e, broken),
+                }
+            }
+        }
+        out.write_all(text.as_bytes())?;
+    }
+
+    if mode == Mode::Ladder {
+        text.clear();
+        ladder.render(&mut text, &tracker);
+        out.write_all(text.as_bytes())?;
+    }
+    if mode != Mode::Json {
+        text.clear();
+        summary(&mut text, &sum, &tracker);
+        out.write_all(text.as_bytes())?;
+    }
+    out.flush()?;
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+fn record(sum: &mut Summary, s: &Seen<'_>) {
+    let r = s.frame.roce();
+    let b = r.bth();
+    *sum.per_opcode.entry(b.opcode().0).or_insert(0) += 1;
+    if !s.icrc_ok {
+        sum.icrc_bad.push(s.packet.index);
+    }
+    if s.obs.retransmission
+        && let Some(k) = s.obs.flow
+    {
+        sum.retransmitted.push((s.packet.index, k, b.psn().value()));
+    }
+    if let Some(a) = r.aeth() {
+        match a.syndrome() {
+            Syndrome::Ack { .. } => {}
+            other => sum.naks.push((s.packet.index, other.to_string())),
+        }
+    }
+}
+
+fn full(out: &mut String, s: &Seen<'_>) {
+    let f = &s.frame;
+    let _ = writeln!(
+        out,
+        "Frame {}  t={:.6}s  {} bytes  {}:{} -> {}:4791",
+        s.packet.index,
+        s.rel_time,
+        s.packet.data.len(),
+        f.ip().src(),
+        f.src_port(),
+        f.ip().dst()
+    );
+    explain::lower_layers(out, f);
+    explain::roce_layers(out, f);
+    if s.obs.retransmission {
+        let _ = writeln!(
+            out,
+            "  ** retransmission: PSN 0x{:06x} was already sent in this flow; the requester went back after a timeout or a NAK",
+            f.roce().bth().psn().value()
+        );
+    }
+    out.push('\n');
+}
+
+fn brief(out: &mut String, s: &Seen<'_>) {
+    let f = &s.frame;
+    let r = f.roce();
+    let mut flags = String::new();
+    if s.obs.retransmission {
+        flags.push_str("  RETRANSMIT");
+    }
+    if !s.icrc_ok {
+        flags.push_str("  BAD-ICRC");
+    }
+    let _ = writeln!(
+        out,
+        "{:>6} {:>11.6}  {} > {} qp 0x{:06x}  {}  payload {}  icrc {}{}",
+        s.packet.index,
+        s.rel_time,
+        f.ip().src(),
+        f.ip().dst(),
+        r.bth().dest_qp(),
+        short_label(f),
+        r.payload_len(),
+        if s.icrc_ok { "ok" } else { "BAD" },
+        flags
+    );
+}
+
+fn summary(out: &mut String, s: &Summary, t: &Tracker) {
+    let _ = writeln!(out, "Summary");
+    let other: usize = s.other.values().sum();
+    let _ = writeln!(
+        out,
+        "  frames: {} total, {} RoCEv2, {} other, {} malformed RoCEv2",
+        s.frames,
+        s.roce,
+        other,
+        s.malformed.len()
+    );
+    if other > 0 {
+        let parts: Vec<String> = s.other.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let _ = writeln!(out, "  non-RoCE frames skipped: {}", parts.join(", "));
+    }
+    for (i, why) in s.malformed.iter().take(20) {
+        let _ = writeln!(out, "  malformed: frame {i}: {why}");
+    }
+    if s.icrc_bad.is_empty() {
+        let _ = writeln!(out, "  ICRC: all {} RoCEv2 frames ok", s.roce);
+    } else {
+        let list: Vec<String> = s.icrc_bad.iter().take(20).map(|i| i.to_string()).collect();
+        let _ = writeln!(
+            out,
+            "  ICRC failures: {} (frames {}{})",
+            s.icrc_bad.len(),
+            list.join(", "),
+            if s.icrc_bad.len() > 20 { ", ..." } else { "" }
+        );
+    }
+    let _ = writeln!(out, "  frames per opcode:");
+    for (op, n) in &s.per_opcode {
+        let _ = writeln!(out, "    0x{op:02x} {:<36} {n:>7}", Opcode(*op).name());
+    }
+    let mut flows: Vec<(&FlowKey, &flows::FlowStats)> = t.flows.iter().collect();
+    flows.sort_by_key(|(_, st)| st.first_frame);
+    let _ = writeln!(out, "  QP flows (requester -> responder):");
+    for (k, st) in flows {
+        let _ = writeln!(
+            out,
+            "    {}  {} requests, {} responses, {} payload bytes{}{}{}",
+            ladder::flow_title(k, st),
+            st.requests,
+            st.responses,
+            st.payload_bytes,
+            if st.retransmissions > 0 {
+                format!(", {} retransmitted", st.retransmissions)
+            } else {
+                String::new()
+            },
+            if st.naks > 0 {
+                format!(", {} NAKs", st.naks)
+            } else {
+                String::new()
+            },
+            if st.rnr_naks > 0 {
+                format!(", {} RNR NAKs", st.rnr_naks)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if s.retransmitted.is_empty() {
+        let _ = writeln!(out, "  retransmitted PSNs: none");
+    } else {
+        let _ = writeln!(out, "  retransmitted PSNs: {}", s.retransmitted.len());
+        for (i, k, psn) in s.retransmitted.iter().take(20) {
+            let _ = writeln!(
+                out,
+                "    frame {i}: PSN 0x{psn:06x} to {} QP 0x{:06x}",
+                k.responder, k.responder_qp
+            );
+        }
+        if s.retransmitted.len() > 20 {
+            let _ = writeln!(out, "    ...");
+        }
+    }
+    if !s.naks.is_empty() {
+        let _ = writeln!(out, "  NAKs: {}", s.naks.len());
+        for (i, what) in s.naks.iter().take(20) {
+            let _ = writeln!(out, "    frame {i}: {what}");
+        }
+    }
+}
