@@ -5,4 +5,9 @@
 
 pub mod capture;
 pub mod decode;
+pub mod engine;
+pub mod link;
+pub mod rng;
+pub mod time;
+pub mod verbs;
 pub mod wire;

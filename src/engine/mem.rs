@@ -1,0 +1,513 @@
+//! Memory access for the engine: the region table, key checks, and the copies between
+//! frames and scatter/gather lists. This is the one place where the engine touches
+//! registered memory, and every access goes through a key, a bounds check and the
+//! access flags.
+
+use crate::rng::Rng;
+use crate::verbs::mr::{MrInfo, MrInner};
+use crate::verbs::wr::{InlineData, MAX_SGE, SgList, Sge};
+use crate::verbs::{AccessFlags, Error, Memory};
+use std::sync::Arc;
+
+/// Why a local or remote memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No valid region has this key (or it belongs to another PD).
+    BadKey,
+    /// The range is not inside the region (or wraps around).
+    Range,
+    /// The region does not grant the access.
+    Permission,
+    /// Deregistered or invalidated while in use.
+    Invalidated,
+}
+
+/// The regions, indexed by `key >> 8`.
+#[derive(Default)]
+pub struct MrTable {
+    slots: Vec<Option<Arc<MrInner>>>,
+    /// The key byte last used at each index, so a reused index gets a new one.
+    last_byte: Vec<(u8, u8)>,
+    free: Vec<usize>,
+    count: usize,
+}
+
+impl MrTable {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Registers `len` bytes of `mem` starting at `offset`, seen by peers at `iova`.
+    #[allow(clippy::too_many_arguments)] // the arguments of ibv_reg_mr_iova
+    pub fn register(
+        &mut self,
+        rng: &mut Rng,
+        pd: u32,
+        mem: Arc<Memory>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+        max: usize,
+    ) -> Result<MrInfo, Error> {
+        crate::verbs::mr::check_access(access).map_err(Error::InvalidMr)?;
+        if offset.checked_add(len).is_none_or(|e| e > mem.len()) {
+            return Err(Error::InvalidMr("the range is outside the memory"));
+        }
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidMr("iova + length wraps around"));
+        }
+        if self.count >= max {
+            return Err(Error::Limit {
+                what: "memory regions",
+                max: max as u64,
+            });
+        }
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                // Index 0 is never used, so no key is 0x000000xx.
+                if self.slots.is_empty() {
+                    self.slots.push(None);
+                    self.last_byte.push((0, 0));
+                }
+                self.slots.push(None);
+                self.last_byte.push((0, 0));
+                self.slots.len() - 1
+            }
+        };
+        if idx >= 1 << 24 {
+            return Err(Error::Limit {
+                what: "memory regions",
+                max: 1 << 24,
+            });
+        }
+        let (ol, or) = self.last_byte[idx];
+        let mut pick = |old: u8| {
+            let mut b = rng.next_u32() as u8;
+            if b == old {
+                b = b.wrapping_add(1);
+            }
+            b
+        };
+        let (lb, rb) = (pick(ol), pick(or));
+        self.last_byte[idx] = (lb, rb);
+        let info = MrInfo {
+            lkey: ((idx as u32) << 8) | u32::from(lb),
+            rkey: ((idx as u32) << 8) | u32::from(rb),
+            addr: iova,
+            length: len as u64,
+            access,
+            pd,
+        };
+        self.slots[idx] = Some(Arc::new(MrInner::new(info, mem, offset)));
+        self.count += 1;
+        Ok(info)
+    }
+
+    /// Deregisters the region of `lkey`: later packets are refused, operations already
+    /// holding it finish on memory that stays allocated until they drop it.
+    /// Returns the region's PD.
+    pub fn deregister(&mut self, lkey: u32) -> Result<u32, Error> {
+        let idx = (lkey >> 8) as usize;
+        match self.slots.get(idx) {
+            Some(Some(mr)) if mr.info.lkey == lkey => {
+                mr.invalidate();
+                let pd = mr.info.pd;
+                self.slots[idx] = None;
+                self.free.push(idx);
+                self.count -= 1;
+                Ok(pd)
+            }
+            _ => Err(Error::NoSuch {
+                kind: "memory region with lkey",
+                handle: lkey,
+            }),
+        }
+    }
+
+    /// The region of a key (`remote` picks the rkey or the lkey), valid and of PD `pd`.
+    #[inline]
+    pub fn lookup(&self, key: u32, remote: bool, pd: u32) -> Result<&Arc<MrInner>, AccessError> {
+        let mr = self
+            .slots
+            .get((key >> 8) as usize)
+            .and_then(Option::as_ref)
+            .ok_or(AccessError::BadKey)?;
+        let k = if remote { mr.info.rkey } else { mr.info.lkey };
+        if k != key || mr.info.pd != pd {
+            return Err(AccessError::BadKey);
+        }
+        if !mr.is_valid() {
+            return Err(AccessError::Invalidated);
+        }
+        Ok(mr)
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with `rkey`, needing `need`; returns
+    /// the region and the offset in its memory.
+    pub fn remote(
+        &self,
+        pd: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: AccessFlags,
+    ) -> Result<(Arc<MrInner>, usize), AccessError> {
+        let mr = self.lookup(rkey, true, pd)?;
+        if !mr.access().contains(need) {
+            return Err(AccessError::Permission);
+        }
+        let off = mr.range(va, len).ok_or(AccessError::Range)?;
+        Ok((mr.clone(), off))
+    }
+
+    /// Invalidates the region whose lkey or rkey is `key` (LOCAL_INV, SEND_WITH_INV).
+    pub fn invalidate(&self, key: u32, pd: u32) -> Result<(), AccessError> {
+        let mr = self
+            .slots
+            .get((key >> 8) as usize)
+            .and_then(Option::as_ref)
+            .ok_or(AccessError::BadKey)?;
+        if (mr.info.rkey != key && mr.info.lkey != key) || mr.info.pd != pd {
+            return Err(AccessError::BadKey);
+        }
+        mr.invalidate();
+        Ok(())
+    }
+}
+
+/// One resolved local segment.
+#[derive(Debug, Clone)]
+pub struct Seg {
+    pub mr: Arc<MrInner>,
+    /// Offset in the region's memory.
+    pub off: usize,
+    pub len: u32,
+}
+
+/// A resolved scatter/gather list (or inline data): what a work request reads from or
+/// writes to, checked once when posted.
+#[derive(Debug, Clone, Default)]
+pub struct Segs {
+    segs: [Option<Seg>; MAX_SGE],
+    n: u8,
+    inline: Option<InlineData>,
+    total: u64,
+}
+
+impl Segs {
+    /// Resolves `sges` against the table: each key valid, of PD `pd`, the range inside
+    /// its region, and LOCAL_WRITE granted if the engine will write (`write`).
+    pub fn resolve(
+        mrs: &MrTable,
+        pd: u32,
+        sges: &SgList,
+        write: bool,
+    ) -> Result<Segs, AccessError> {
+        let mut s = Segs::default();
+        for (i, sge) in sges.as_slice().iter().enumerate() {
+            if sge.length == 0 {
+                continue;
+            }
+            let Sge { addr, length, lkey } = *sge;
+            let mr = mrs.lookup(lkey, false, pd)?;
+            if write && !mr.access().contains(AccessFlags::LOCAL_WRITE) {
+                return Err(AccessError::Permission);
+            }
+            let off = mr
+                .range(addr, u64::from(length))
+                .ok_or(AccessError::Range)?;
+            s.segs[i] = Some(Seg {
+                mr: mr.clone(),
+                off,
+                len: length,
+            });
+            s.n = (i + 1) as u8;
+            s.total += u64::from(length);
+        }
+        Ok(s)
+    }
+
+    /// Inline data as the source of a send.
+    pub fn inline(data: InlineData) -> Segs {
+        Segs {
+            total: data.as_slice().len() as u64,
+            inline: Some(data),
+            ..Segs::default()
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Seg> {
+        self.segs[..usize::from(self.n)].iter().flatten()
+    }
+
+    /// Checks that message bytes `off..off + len` can be read or written now (every
+    /// region they touch still valid), without copying.
+    pub fn check(&self, off: u64, len: usize) -> Result<(), AccessError> {
+        if self.inline.is_some() {
+            return if off.checked_add(len as u64).is_some_and(|e| e <= self.total) {
+                Ok(())
+            } else {
+                Err(AccessError::Range)
+            };
+        }
+        self.walk(off, len, |_, _, _, _| Ok(()))
+    }
+
+    /// Copies message bytes `off..off + dst.len()` into `dst`.
+    pub fn gather(&self, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        if let Some(d) = &self.inline {
+            let src = d.as_slice();
+            let o = usize::try_from(off).map_err(|_| AccessError::Range)?;
+            let s = src.get(o..o + dst.len()).ok_or(AccessError::Range)?;
+            dst.copy_from_slice(s);
+            return Ok(());
+        }
+        self.walk(off, dst.len(), |seg, seg_off, at, n| {
+            seg.mr
+                .memory()
+                .read(seg.off + seg_off, &mut dst[at..at + n])
+                .map_err(|_| AccessError::Range)
+        })
+    }
+
+    /// Copies `src` into message bytes `off..off + src.len()`.
+    pub fn scatter(&self, off: u64, src: &[u8]) -> Result<(), AccessError> {
+        self.walk(off, src.len(), |seg, seg_off, at, n| {
+            seg.mr
+                .memory()
+                .write(seg.off + seg_off, &src[at..at + n])
+                .map_err(|_| AccessError::Range)
+        })
+    }
+
+    /// Calls `f(seg, offset in seg, offset in the caller's buffer, count)` for each piece
+    /// of message bytes `off..off+len`.
+    fn walk(
+        &self,
+        off: u64,
+        len: usize,
+        mut f: impl FnMut(&Seg, usize, usize, usize) -> Result<(), AccessError>,
+    ) -> Result<(), AccessError> {
+        if off.checked_add(len as u64).is_none_or(|e| e > self.total) {
+            return Err(AccessError::Range);
+        }
+        let mut skip = off;
+        let mut at = 0usize;
+        for seg in self.iter() {
+            if at == len {
+                break;
+            }
+            let l = u64::from(seg.len);
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            if !seg.mr.is_valid() {
+                return Err(AccessError::Invalidated);
+            }
+            let seg_off = skip as usize;
+            let n = (seg.len as usize - seg_off).min(len - at);
+            f(seg, seg_off, at, n)?;
+            at += n;
+            skip = 0;
+        }
+        if at == len {
+            Ok(())
+        } else {
+            Err(AccessError::Range)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (MrTable, Rng, Arc<Memory>) {
+        (MrTable::default(), Rng::new(1), Memory::new(4096))
+    }
+
+    #[test]
+    fn keys_are_distinct_and_checked() {
+        let (mut t, mut rng, mem) = table();
+        let a = t
+            .register(
+                &mut rng,
+                1,
+                mem.clone(),
+                0,
+                100,
+                0x1000,
+                AccessFlags::REMOTE_READ,
+                10,
+            )
+            .unwrap();
+        assert_ne!(a.lkey >> 8, 0);
+        assert_eq!(a.lkey >> 8, a.rkey >> 8);
+        assert!(t.lookup(a.lkey, false, 1).is_ok());
+        assert_eq!(t.lookup(a.lkey, false, 2).unwrap_err(), AccessError::BadKey);
+        assert_eq!(
+            t.lookup(a.lkey ^ 1, false, 1).unwrap_err(),
+            AccessError::BadKey
+        );
+        assert!(
+            t.remote(1, a.rkey, 0x1000, 100, AccessFlags::REMOTE_READ)
+                .is_ok()
+        );
+        assert_eq!(
+            t.remote(1, a.rkey, 0x1000, 100, AccessFlags::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::Permission
+        );
+        assert_eq!(
+            t.remote(1, a.rkey, 0x1001, 100, AccessFlags::REMOTE_READ)
+                .unwrap_err(),
+            AccessError::Range
+        );
+        // A reused index gets a different key byte, so the old keys stay dead.
+        t.deregister(a.lkey).unwrap();
+        let b = t
+            .register(
+                &mut rng,
+                1,
+                mem,
+                0,
+                100,
+                0x1000,
+                AccessFlags::REMOTE_READ,
+                10,
+            )
+            .unwrap();
+        assert_eq!(b.lkey >> 8, a.lkey >> 8);
+        assert_ne!(b.lkey, a.lkey);
+        assert_ne!(b.rkey, a.rkey);
+        assert!(t.lookup(a.lkey, false, 1).is_err());
+        assert!(t.deregister(a.lkey).is_err());
+    }
+
+    #[test]
+    fn registration_rules() {
+        let (mut t, mut rng, mem) = table();
+        assert!(
+            t.register(
+                &mut rng,
+                1,
+                mem.clone(),
+                0,
+                100,
+                0,
+                AccessFlags::REMOTE_WRITE,
+                10
+            )
+            .is_err()
+        );
+        assert!(
+            t.register(
+                &mut rng,
+                1,
+                mem.clone(),
+                4000,
+                100,
+                0,
+                AccessFlags::EMPTY,
+                10
+            )
+            .is_err()
+        );
+        assert!(
+            t.register(
+                &mut rng,
+                1,
+                mem.clone(),
+                0,
+                100,
+                u64::MAX - 50,
+                AccessFlags::EMPTY,
+                10
+            )
+            .is_err()
+        );
+        t.register(&mut rng, 1, mem.clone(), 0, 1, 0, AccessFlags::EMPTY, 1)
+            .unwrap();
+        assert!(matches!(
+            t.register(&mut rng, 1, mem, 0, 1, 0, AccessFlags::EMPTY, 1),
+            Err(Error::Limit { .. })
+        ));
+    }
+
+    #[test]
+    fn gather_and_scatter_across_segments() {
+        let (mut t, mut rng, mem) = table();
+        let lw = AccessFlags::LOCAL_WRITE;
+        let a = t
+            .register(&mut rng, 1, mem.clone(), 0, 4096, mem.addr(), lw, 10)
+            .unwrap();
+        let sges = SgList::new(&[
+            Sge {
+                addr: mem.addr() + 10,
+                length: 5,
+                lkey: a.lkey,
+            },
+            Sge {
+                addr: mem.addr() + 100,
+                length: 0,
+                lkey: 0,
+            },
+            Sge {
+                addr: mem.addr() + 200,
+                length: 7,
+                lkey: a.lkey,
+            },
+        ])
+        .unwrap();
+        let s = Segs::resolve(&t, 1, &sges, true).unwrap();
+        assert_eq!(s.total(), 12);
+        s.scatter(3, &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(mem.to_vec(13, 2).unwrap(), [1, 2]);
+        assert_eq!(mem.to_vec(200, 3).unwrap(), [3, 4, 5]);
+        let mut out = [0u8; 5];
+        s.gather(3, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4, 5]);
+        assert!(s.gather(8, &mut [0u8; 5]).is_err());
+        assert!(s.scatter(u64::MAX, &[1]).is_err());
+        // Without LOCAL_WRITE the list cannot be written.
+        let b = t
+            .register(
+                &mut rng,
+                1,
+                mem.clone(),
+                0,
+                4096,
+                mem.addr(),
+                AccessFlags::EMPTY,
+                10,
+            )
+            .unwrap();
+        let sges = SgList::new(&[Sge {
+            addr: mem.addr(),
+            length: 5,
+            lkey: b.lkey,
+        }])
+        .unwrap();
+        assert_eq!(
+            Segs::resolve(&t, 1, &sges, true).unwrap_err(),
+            AccessError::Permission
+        );
+        let s = Segs::resolve(&t, 1, &sges, false).unwrap();
+        t.deregister(b.lkey).unwrap();
+        assert_eq!(
+            s.gather(0, &mut [0u8; 5]).unwrap_err(),
+            AccessError::Invalidated
+        );
+    }
+}

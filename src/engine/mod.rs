@@ -1,0 +1,889 @@
+//! The RDMA engine, without I/O (the design of quinn-proto).
+//!
+//! [`Engine`] holds every object of a device (PDs, MRs, CQs, SRQs, QPs) and runs the
+//! transport. It never touches a socket, a thread or a clock:
+//! - verbs calls (`reg_mr`, `create_qp`, `modify_qp`, `post_send`, `poll_cq`, ...) change
+//!   its state;
+//! - [`Engine::handle_frame`] takes a received frame, [`Engine::handle_timeout`] tells it
+//!   time passed its deadline;
+//! - [`Engine::poll_transmit`] hands out the next frame to send, [`Engine::poll_timeout`]
+//!   the next deadline, [`Engine::poll_event`] the next asynchronous event.
+//!
+//! A driver calls, after any handler or verbs call: `poll_transmit` until `None`, then
+//! `poll_timeout` to know how long it may sleep. Tests drive it over a simulated link
+//! with simulated time ([`crate::link::sim`]), so every run reproduces from its seed.
+//!
+//! Where a packet enters: [`Engine::handle_frame`]. Where a PSN is checked: the
+//! responder (`responder.rs`, `rc_request`) and the completer (`completer.rs`). Where
+//! memory is touched: `mem.rs`, through keys, bounds and access flags.
+
+pub mod completer;
+pub mod counters;
+pub mod mem;
+pub mod qp;
+pub mod requester;
+pub mod responder;
+
+pub use counters::Counters;
+
+use crate::link::Node;
+use crate::rng::Rng;
+use crate::time::Time;
+use crate::verbs::device::Gid;
+use crate::verbs::{
+    AccessFlags, AsyncEvent, Cq, DeviceConfig, DeviceLimits, Error, Memory, MrInfo, PortAttr,
+    QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, SendWr, Srq, Wc,
+};
+use crate::wire::Frame;
+use mem::MrTable;
+use qp::Qp;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// The first QPN handed out, as rxe (QP1 takes the pool index before it).
+pub const FIRST_QPN: u32 = 0x11;
+
+/// A multiplicative hasher for the QP table: QPNs are small integers, SipHash's cost
+/// per lookup is not needed.
+#[derive(Default)]
+pub(crate) struct QpnHasher(u64);
+
+impl Hasher for QpnHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type QpMap = HashMap<u32, Qp, BuildHasherDefault<QpnHasher>>;
+
+/// Objects with small integer handles, starting at 1.
+pub(crate) struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<usize>,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<T> Slab<T> {
+    fn insert_with(&mut self, f: impl FnOnce(u32) -> T) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                let id = i as u32 + 1;
+                self.items[i] = Some(f(id));
+                id
+            }
+            None => {
+                let id = self.items.len() as u32 + 1;
+                self.items.push(Some(f(id)));
+                id
+            }
+        }
+    }
+    pub fn get(&self, id: u32) -> Option<&T> {
+        self.items.get((id as usize).checked_sub(1)?)?.as_ref()
+    }
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut T> {
+        self.items.get_mut((id as usize).checked_sub(1)?)?.as_mut()
+    }
+    fn remove(&mut self, id: u32) -> Option<T> {
+        let i = (id as usize).checked_sub(1)?;
+        let t = self.items.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(t)
+    }
+    fn len(&self) -> usize {
+        self.items.len() - self.free.len()
+    }
+}
+
+/// A protection domain.
+pub(crate) struct Pd {
+    users: u32,
+}
+
+/// Everything the QPs share. Separate from the QP table so a QP and the context can be
+/// borrowed at once.
+pub(crate) struct Ctx {
+    pub cfg: DeviceConfig,
+    pub gids: Vec<Gid>,
+    pub rng: Rng,
+    pub mrs: MrTable,
+    pub pds: Slab<Pd>,
+    pub cqs: Slab<Cq>,
+    pub srqs: Slab<Srq>,
+    pub counters: Counters,
+    pub events: VecDeque<AsyncEvent>,
+    pub neighbors: HashMap<IpAddr, [u8; 6]>,
+    ip_id: u16,
+}
+
+impl Ctx {
+    /// The IPv4 identification of the next frame.
+    pub fn next_ip_id(&mut self) -> u16 {
+        self.ip_id = self.ip_id.wrapping_add(1);
+        self.ip_id
+    }
+
+    /// Queues a completion; false (and a CQ error event) if the CQ overflowed.
+    pub fn post_cqe(&mut self, cq: u32, wc: Wc, solicited: bool) -> bool {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return false;
+        };
+        let was_overflowed = c.overflowed;
+        if !c.push(wc) {
+            if !was_overflowed {
+                self.events.push_back(AsyncEvent::CqErr { cq });
+            }
+            return false;
+        }
+        if let Some(solicited_only) = c.armed
+            && (!solicited_only || solicited || wc.status != crate::verbs::WcStatus::Success)
+        {
+            c.armed = None;
+            self.events.push_back(AsyncEvent::CompletionNotify { cq });
+        }
+        true
+    }
+}
+
+/// A software RDMA device: the verbs objects and the RoCEv2 transport.
+pub struct Engine {
+    ctx: Ctx,
+    qps: QpMap,
+    next_qpn: u32,
+    /// QPs that may have a frame to send, in round-robin order.
+    ready: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Time, u32)>>,
+    now: Time,
+}
+
+impl Engine {
+    pub fn new(cfg: DeviceConfig) -> Engine {
+        let gids = cfg.gid_table();
+        let rng = Rng::new(cfg.seed);
+        Engine {
+            ctx: Ctx {
+                gids,
+                rng,
+                mrs: MrTable::default(),
+                pds: Slab::default(),
+                cqs: Slab::default(),
+                srqs: Slab::default(),
+                counters: Counters::default(),
+                events: VecDeque::new(),
+                neighbors: HashMap::new(),
+                ip_id: 0,
+                cfg,
+            },
+            qps: QpMap::default(),
+            next_qpn: FIRST_QPN,
+            ready: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            now: Time::ZERO,
+        }
+    }
+
+    // ----- device -----
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.ctx.cfg
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceLimits {
+        self.ctx.cfg.limits
+    }
+
+    /// `ibv_query_port`.
+    pub fn query_port(&self) -> PortAttr {
+        PortAttr {
+            active_mtu: self.ctx.cfg.port_mtu,
+            max_mtu: crate::verbs::Mtu::Mtu4096,
+            gid_tbl_len: self.ctx.gids.len() as u32,
+            max_msg_sz: self.ctx.cfg.limits.max_msg_sz,
+            state: 4,
+            lid: 0,
+        }
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&self, index: u8) -> Option<Gid> {
+        self.ctx.gids.get(usize::from(index)).copied()
+    }
+
+    pub fn gid_table(&self) -> &[Gid] {
+        &self.ctx.gids
+    }
+
+    /// Tells the engine the MAC of a neighbour (the runtime reads the kernel's table).
+    pub fn set_neighbor(&mut self, ip: IpAddr, mac: [u8; 6]) {
+        self.ctx.neighbors.insert(ip, mac);
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`, and CQ notifications).
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.events.pop_front()
+    }
+
+    // ----- PD, MR -----
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> Result<u32, Error> {
+        let max = self.ctx.cfg.limits.max_pd as usize;
+        if self.ctx.pds.len() >= max {
+            return Err(Error::Limit {
+                what: "protection domains",
+                max: max as u64,
+            });
+        }
+        Ok(self.ctx.pds.insert_with(|_| Pd { users: 0 }))
+    }
+
+    /// `ibv_dealloc_pd`: refused while MRs or QPs use it.
+    pub fn dealloc_pd(&mut self, pd: u32) -> Result<(), Error> {
+        let p = self.ctx.pds.get(pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: pd,
+        })?;
+        if p.users > 0 {
+            return Err(Error::Busy {
+                what: "PD",
+                handle: pd,
+                users: p.users,
+            });
+        }
+        self.ctx.pds.remove(pd);
+        Ok(())
+    }
+
+    fn pd_use(&mut self, pd: u32, delta: i32) -> Result<(), Error> {
+        let p = self.ctx.pds.get_mut(pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: pd,
+        })?;
+        p.users = p.users.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    /// `ibv_reg_mr`: registers `len` bytes of `mem` from `offset`, at their address.
+    pub fn reg_mr(
+        &mut self,
+        pd: u32,
+        mem: &Arc<Memory>,
+        offset: usize,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<MrInfo, Error> {
+        let iova = mem.addr().wrapping_add(offset as u64);
+        self.reg_mr_iova(pd, mem, offset, len, iova, access)
+    }
+
+    /// `ibv_reg_mr_iova`: as `reg_mr`, with the address peers use chosen by the caller.
+    pub fn reg_mr_iova(
+        &mut self,
+        pd: u32,
+        mem: &Arc<Memory>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo, Error> {
+        self.ctx.pds.get(pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: pd,
+        })?;
+        if len as u64 > self.ctx.cfg.limits.max_mr_size {
+            return Err(Error::InvalidMr("longer than max_mr_size"));
+        }
+        let max = self.ctx.cfg.limits.max_mr as usize;
+        let info = self.ctx.mrs.register(
+            &mut self.ctx.rng,
+            pd,
+            mem.clone(),
+            offset,
+            len,
+            iova,
+            access,
+            max,
+        )?;
+        self.pd_use(pd, 1)?;
+        Ok(info)
+    }
+
+    /// `ibv_dereg_mr`. Safe while traffic for the key is in flight: later packets are
+    /// refused with a remote access NAK, and an operation already using the region keeps
+    /// its memory alive until it finishes.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), Error> {
+        let pd = self.ctx.mrs.deregister(lkey)?;
+        self.pd_use(pd, -1)
+    }
+
+    // ----- CQ, SRQ -----
+
+    /// `ibv_create_cq` with `depth` entries.
+    pub fn create_cq(&mut self, depth: usize) -> Result<u32, Error> {
+        let lim = &self.ctx.cfg.limits;
+        if depth == 0 || depth > lim.max_cqe as usize {
+            return Err(Error::InvalidAttribute {
+                name: "cqe",
+                value: depth as u64,
+                reason: "must be 1..=max_cqe",
+            });
+        }
+        if self.ctx.cqs.len() >= lim.max_cq as usize {
+            return Err(Error::Limit {
+                what: "CQs",
+                max: u64::from(lim.max_cq),
+            });
+        }
+        Ok(self.ctx.cqs.insert_with(|id| Cq::new(id, depth)))
+    }
+
+    /// `ibv_destroy_cq`: refused while QPs use it.
+    pub fn destroy_cq(&mut self, cq: u32) -> Result<(), Error> {
+        let c = self.ctx.cqs.get(cq).ok_or(Error::NoSuch {
+            kind: "CQ",
+            handle: cq,
+        })?;
+        if c.users > 0 {
+            return Err(Error::Busy {
+                what: "CQ",
+                handle: cq,
+                users: c.users,
+            });
+        }
+        self.ctx.cqs.remove(cq);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many.
+    pub fn poll_cq(&mut self, cq: u32, out: &mut [Wc]) -> Result<usize, Error> {
+        let c = self.ctx.cqs.get_mut(cq).ok_or(Error::NoSuch {
+            kind: "CQ",
+            handle: cq,
+        })?;
+        let mut n = 0;
+        while n < out.len() {
+            match c.entries.pop_front() {
+                Some(w) => {
+                    out[n] = w;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        Ok(n)
+    }
+
+    /// One completion, if any.
+    pub fn poll_cq_one(&mut self, cq: u32) -> Option<Wc> {
+        self.ctx.cqs.get_mut(cq)?.entries.pop_front()
+    }
+
+    /// Completions waiting on a CQ.
+    pub fn cq_len(&self, cq: u32) -> usize {
+        self.ctx.cqs.get(cq).map_or(0, Cq::len)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or the next solicited one) raises
+    /// `AsyncEvent::CompletionNotify`.
+    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> Result<(), Error> {
+        let c = self.ctx.cqs.get_mut(cq).ok_or(Error::NoSuch {
+            kind: "CQ",
+            handle: cq,
+        })?;
+        c.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32) -> Result<u32, Error> {
+        let lim = self.ctx.cfg.limits;
+        if max_wr == 0 || max_wr > lim.max_srq_wr || max_sge > lim.max_srq_sge {
+            return Err(Error::InvalidAttribute {
+                name: "srq_attr",
+                value: u64::from(max_wr),
+                reason: "max_wr must be 1..=max_srq_wr and max_sge <= max_srq_sge",
+            });
+        }
+        if self.ctx.srqs.len() >= lim.max_srq as usize {
+            return Err(Error::Limit {
+                what: "SRQs",
+                max: u64::from(lim.max_srq),
+            });
+        }
+        self.pd_use(pd, 1)?;
+        Ok(self
+            .ctx
+            .srqs
+            .insert_with(|id| Srq::new(id, pd, max_wr as usize, max_sge as usize)))
+    }
+
+    /// Arms the SRQ limit event (`ibv_modify_srq` with IBV_SRQ_LIMIT).
+    pub fn modify_srq_limit(&mut self, srq: u32, limit: u32) -> Result<(), Error> {
+        let s = self.ctx.srqs.get_mut(srq).ok_or(Error::NoSuch {
+            kind: "SRQ",
+            handle: srq,
+        })?;
+        s.limit = limit as usize;
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: u32, wr: &RecvWr) -> Result<(), Error> {
+        let s = self.ctx.srqs.get_mut(srq).ok_or(Error::NoSuch {
+            kind: "SRQ",
+            handle: srq,
+        })?;
+        if s.queue.len() >= s.max_wr {
+            return Err(Error::QueueFull {
+                what: "SRQ",
+                owner: srq,
+                depth: s.max_wr as u32,
+            });
+        }
+        if wr.sg_list.len() > s.max_sge {
+            return Err(Error::InvalidWr("more SGEs than the SRQ's max_sge"));
+        }
+        s.queue.push_back(*wr);
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq`: refused while QPs use it.
+    pub fn destroy_srq(&mut self, srq: u32) -> Result<(), Error> {
+        let s = self.ctx.srqs.get(srq).ok_or(Error::NoSuch {
+            kind: "SRQ",
+            handle: srq,
+        })?;
+        if s.users > 0 {
+            return Err(Error::Busy {
+                what: "SRQ",
+                handle: srq,
+                users: s.users,
+            });
+        }
+        let pd = s.pd;
+        self.ctx.srqs.remove(srq);
+        self.pd_use(pd, -1)
+    }
+
+    // ----- QP -----
+
+    /// `ibv_create_qp`. The QP starts in RESET.
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<u32, Error> {
+        let lim = self.ctx.cfg.limits;
+        if self.qps.len() >= lim.max_qp as usize {
+            return Err(Error::Limit {
+                what: "QPs",
+                max: u64::from(lim.max_qp),
+            });
+        }
+        let c = init.cap;
+        let bad = |name, value: u32, reason| {
+            Err(Error::InvalidAttribute {
+                name,
+                value: u64::from(value),
+                reason,
+            })
+        };
+        if c.max_send_wr == 0 || c.max_send_wr > lim.max_qp_wr {
+            return bad("cap.max_send_wr", c.max_send_wr, "must be 1..=max_qp_wr");
+        }
+        if c.max_recv_wr > lim.max_qp_wr {
+            return bad("cap.max_recv_wr", c.max_recv_wr, "must be <= max_qp_wr");
+        }
+        if c.max_send_sge > lim.max_sge || c.max_recv_sge > lim.max_sge {
+            return bad(
+                "cap.max_*_sge",
+                c.max_send_sge.max(c.max_recv_sge),
+                "must be <= max_sge",
+            );
+        }
+        if c.max_inline_data > lim.max_inline_data {
+            return bad(
+                "cap.max_inline_data",
+                c.max_inline_data,
+                "must be <= max_inline_data",
+            );
+        }
+        self.ctx.pds.get(init.pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: init.pd,
+        })?;
+        for cq in [init.send_cq, init.recv_cq] {
+            self.ctx.cqs.get(cq).ok_or(Error::NoSuch {
+                kind: "CQ",
+                handle: cq,
+            })?;
+        }
+        if let Some(s) = init.srq {
+            let srq = self.ctx.srqs.get(s).ok_or(Error::NoSuch {
+                kind: "SRQ",
+                handle: s,
+            })?;
+            if srq.pd != init.pd {
+                return Err(Error::InvalidAttribute {
+                    name: "srq",
+                    value: u64::from(s),
+                    reason: "the SRQ belongs to another PD",
+                });
+            }
+        }
+        let mut qpn = self.next_qpn;
+        while self.qps.contains_key(&qpn) {
+            qpn = if qpn >= 0xff_fffe { FIRST_QPN } else { qpn + 1 };
+        }
+        self.next_qpn = if qpn >= 0xff_fffe { FIRST_QPN } else { qpn + 1 };
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        self.pd_use(init.pd, 1)?;
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(cq) {
+                c.users += 1;
+            }
+        }
+        if let Some(s) = init.srq
+            && let Some(srq) = self.ctx.srqs.get_mut(s)
+        {
+            srq.users += 1;
+        }
+        Ok(qpn)
+    }
+
+    /// `ibv_modify_qp`: checked against the transition table and the attribute values.
+    pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), Error> {
+        let now = self.now;
+        let qp = self.qps.get_mut(&qpn).ok_or(Error::NoSuch {
+            kind: "QP",
+            handle: qpn,
+        })?;
+        qp.modify(&mut self.ctx, attr, mask, now)?;
+        self.schedule(qpn);
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: the current attributes and the creation attributes.
+    pub fn query_qp(&self, qpn: u32) -> Result<(QpAttr, QpType, QpState), Error> {
+        let qp = self.qps.get(&qpn).ok_or(Error::NoSuch {
+            kind: "QP",
+            handle: qpn,
+        })?;
+        let mut a = qp.attr;
+        a.qp_state = qp.state;
+        a.cur_qp_state = qp.state;
+        a.sq_draining = qp.req.draining();
+        Ok((a, qp.qp_type, qp.state))
+    }
+
+    /// The QP's state.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.qps.get(&qpn).map(|q| q.state)
+    }
+
+    /// `ibv_destroy_qp`: outstanding WRs are dropped without completions.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), Error> {
+        let qp = self.qps.remove(&qpn).ok_or(Error::NoSuch {
+            kind: "QP",
+            handle: qpn,
+        })?;
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        if let Some(s) = qp.srq
+            && let Some(srq) = self.ctx.srqs.get_mut(s)
+        {
+            srq.users = srq.users.saturating_sub(1);
+        }
+        self.pd_use(qp.pd, -1)?;
+        self.ready.retain(|q| *q != qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_send`.
+    pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<(), Error> {
+        let qp = self.qps.get_mut(&qpn).ok_or(Error::NoSuch {
+            kind: "QP",
+            handle: qpn,
+        })?;
+        qp.post_send(&mut self.ctx, wr)?;
+        self.schedule(qpn);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: u32, wr: &RecvWr) -> Result<(), Error> {
+        let ctx = &mut self.ctx;
+        let qp = self.qps.get_mut(&qpn).ok_or(Error::NoSuch {
+            kind: "QP",
+            handle: qpn,
+        })?;
+        if qp.state == QpState::Reset {
+            return Err(Error::WrongState {
+                qpn,
+                state: qp.state,
+                why: "receive WRs can be posted from INIT on",
+            });
+        }
+        if qp.srq.is_some() {
+            return Err(Error::InvalidWr("the QP receives from an SRQ; post there"));
+        }
+        if qp.resp.rq.len() >= qp.cap.max_recv_wr as usize {
+            return Err(Error::QueueFull {
+                what: "receive",
+                owner: qpn,
+                depth: qp.cap.max_recv_wr,
+            });
+        }
+        if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+            return Err(Error::InvalidWr("more SGEs than the QP's max_recv_sge"));
+        }
+        let w = responder::RecvWqe::new(ctx, qp.pd, wr);
+        qp.resp.rq.push_back(w);
+        if qp.state == QpState::Err {
+            let (q, cq, srq) = (qp.qpn, qp.recv_cq, qp.srq);
+            qp.resp.flush(ctx, q, cq, srq);
+        }
+        Ok(())
+    }
+
+    /// Receive WRs posted on a QP and not consumed yet.
+    pub fn recv_queue_len(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| q.resp.rq.len())
+    }
+
+    /// Send WRs posted on a QP and not completed yet.
+    pub fn send_queue_len(&self, qpn: u32) -> usize {
+        self.qps.get(&qpn).map_or(0, |q| q.req.sq.len())
+    }
+
+    /// A human-readable dump of a QP's transport state, for debugging and `stats`.
+    pub fn qp_debug(&self, qpn: u32) -> String {
+        use std::fmt::Write;
+        let Some(q) = self.qps.get(&qpn) else {
+            return format!("no QP 0x{qpn:06x}");
+        };
+        let r = &q.req;
+        let mut s = format!(
+            "QP 0x{qpn:06x} {} {}: next psn {} comp_psn {} cur {} rd_out {} retry_left {} rnr_left {} timer {:?} rnr_until {:?} retrying {}\n  responder: epsn {} msn {} rq {} out {}\n",
+            q.qp_type,
+            q.state,
+            r.psn,
+            r.comp_psn,
+            r.cur,
+            r.rd_out,
+            r.retry_left,
+            r.rnr_left,
+            r.timer,
+            r.rnr_until,
+            r.retrying,
+            q.resp.epsn,
+            q.resp.msn,
+            q.resp.rq.len(),
+            q.resp.has_output(),
+        );
+        for (i, w) in r.sq.iter().enumerate().take(40) {
+            let _ = writeln!(
+                s,
+                "  sq[{i}] wr {} {:?} {:?} assigned {} psn {}..{} next_pkt {}/{} read_from {} holds_rd {}",
+                w.wr.wr_id,
+                w.wr.opcode,
+                w.state,
+                w.assigned,
+                w.first_psn,
+                w.last_psn,
+                w.next_pkt,
+                w.npkts,
+                w.read_from,
+                w.holds_rd
+            );
+        }
+        s
+    }
+
+    /// Number of QPs.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    // ----- I/O -----
+
+    /// Puts a QP on the transmit queue if it may have a frame to send, and its deadline
+    /// in the timer heap if that moved earlier.
+    fn schedule(&mut self, qpn: u32) {
+        let now = self.now;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if !qp.in_ready && qp.wants_tx(now) {
+            qp.in_ready = true;
+            self.ready.push_back(qpn);
+        }
+        if let Some(d) = qp.deadline()
+            && qp.timer_at.is_none_or(|t| d < t)
+        {
+            qp.timer_at = Some(d);
+            self.timers.push(Reverse((d, qpn)));
+        }
+    }
+
+    /// The receive path. Checks, in order: Ethernet/IP/UDP/BTH structure (the wire
+    /// layer), destination MAC and IP ours, IPv4/UDP checksums and ICRC, P_Key, the QP
+    /// exists, its type matches the opcode's transport, and a connected QP's path matches
+    /// the packet's addresses. Then requests go to the responder, responses to the
+    /// completer. Every drop is counted by reason.
+    pub fn handle_frame(&mut self, now: Time, frame: &[u8]) {
+        self.now = self.now.max(now);
+        let c = &mut self.ctx.counters;
+        let f = match Frame::parse(frame) {
+            Ok(f) => f,
+            Err(e) => {
+                if e.is_not_roce() {
+                    c.drop_not_roce += 1;
+                } else {
+                    c.drop_malformed += 1;
+                }
+                return;
+            }
+        };
+        let dst_mac = f.eth().dst;
+        if dst_mac != self.ctx.cfg.mac || !self.ctx.cfg.owns(f.ip().dst()) {
+            c.drop_not_for_us += 1;
+            return;
+        }
+        match f.verify() {
+            Ok(()) => {}
+            Err(crate::wire::Error::BadIcrc { .. }) => {
+                c.drop_bad_icrc += 1;
+                return;
+            }
+            Err(_) => {
+                c.drop_bad_checksum += 1;
+                return;
+            }
+        }
+        c.rcvd_pkts += 1;
+        let r = f.roce();
+        let bth = r.bth();
+        // Only the default partition exists: accept 0xffff and 0x7fff.
+        if bth.pkey() & 0x7fff != 0x7fff {
+            c.drop_bad_pkey += 1;
+            return;
+        }
+        let qpn = bth.dest_qp();
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            c.drop_unknown_qp += 1;
+            return;
+        };
+        let info = r.info();
+        if info.transport != qp.qp_type.transport() {
+            c.drop_wrong_transport += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud
+            && let Some(p) = &qp.path
+            && (p.dst_ip != f.ip().src() || p.src_ip != f.ip().dst())
+        {
+            c.drop_wrong_path += 1;
+            return;
+        }
+        if info.request {
+            qp.handle_request(&mut self.ctx, now, &f);
+        } else {
+            qp.handle_response(&mut self.ctx, now, &f);
+        }
+        self.schedule(qpn);
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Time) {
+        self.now = self.now.max(now);
+        while let Some(Reverse((t, qpn))) = self.timers.peek().copied() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            if qp.timer_at == Some(t) {
+                qp.timer_at = None;
+            }
+            if qp.deadline().is_some_and(|d| d <= now) {
+                qp.handle_timer(&mut self.ctx, now);
+            }
+            self.schedule(qpn);
+        }
+    }
+
+    /// Writes the next frame to send into `buf` (at least 9018 bytes is always enough);
+    /// its length, or `None` when nothing is ready.
+    pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        self.now = self.now.max(now);
+        while let Some(qpn) = self.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.in_ready = false;
+            let n = qp
+                .next_response(&mut self.ctx, buf)
+                .or_else(|| qp.next_request(&mut self.ctx, now, buf));
+            if n.is_some() && qp.wants_tx(now) {
+                qp.in_ready = true;
+                self.ready.push_back(qpn);
+            }
+            if let Some(d) = qp.deadline()
+                && qp.timer_at.is_none_or(|t| d < t)
+            {
+                qp.timer_at = Some(d);
+                self.timers.push(Reverse((d, qpn)));
+            }
+            if n.is_some() {
+                return n;
+            }
+        }
+        None
+    }
+
+    /// The next time `handle_timeout` must be called.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.peek().map(|r| r.0.0)
+    }
+}
+
+impl Node for Engine {
+    fn handle_frame(&mut self, now: Time, frame: &[u8]) {
+        Engine::handle_frame(self, now, frame)
+    }
+    fn handle_timeout(&mut self, now: Time) {
+        Engine::handle_timeout(self, now)
+    }
+    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        Engine::poll_transmit(self, now, buf)
+    }
+    fn poll_timeout(&self) -> Option<Time> {
+        Engine::poll_timeout(self)
+    }
+}

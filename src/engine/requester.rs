@@ -1,0 +1,702 @@
+//! The requester: turns the send queue into request packets (rxe's `rxe_req.c`).
+//!
+//! Each send WQE gets its PSNs when it first goes out: one per packet of a SEND or
+//! WRITE (segmented by path MTU), one per expected response packet of a READ, one for an
+//! atomic. A retry rewinds the queue to the first unacknowledged PSN and sends the same
+//! packets again (go-back-N, IBA 9.7.4). The send queue is shared with the completer,
+//! which retires WQEs in order as responses arrive.
+
+use super::Ctx;
+use super::mem::{AccessError, Segs};
+use super::qp::Qp;
+use crate::time::Time;
+use crate::verbs::{QpAttr, QpState, QpType, SendFlags, SendWr, Wc, WcFlags, WcStatus, WrOpcode};
+use crate::wire::{
+    AtomicEthRepr, BthRepr, DethRepr, ExtRepr, IethRepr, ImmDtRepr, Opcode, Operation, Position,
+    Psn, RethRepr, Transport,
+};
+use std::collections::VecDeque;
+
+/// Where a send WQE is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WqeState {
+    /// Has packets left to send (all of them, if no PSN was assigned yet).
+    Sending,
+    /// Every packet sent; waiting for the acknowledgement or the response data.
+    Sent,
+    /// Finished with this status; retired (and completed) in queue order.
+    Done(WcStatus),
+}
+
+/// A posted send work request and its progress.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    pub segs: Segs,
+    /// Why the local buffers could not be resolved at post time, reported when reached.
+    pub seg_err: Option<AccessError>,
+    pub state: WqeState,
+    pub assigned: bool,
+    pub first_psn: Psn,
+    pub last_psn: Psn,
+    /// Packets (PSNs) of the message.
+    pub npkts: u32,
+    /// Index of the next packet to send.
+    pub next_pkt: u32,
+    /// Highest packet index sent so far, to count retransmissions.
+    pub sent_hi: u32,
+    /// For a READ: the PSN index the (re-)request starts at.
+    pub read_from: u32,
+    /// For a READ: the position of the last response accepted for the current request.
+    pub read_pos: Option<Position>,
+    /// Holds one of the `max_rd_atomic` slots.
+    pub holds_rd: bool,
+    pub signaled: bool,
+    pub length: u64,
+}
+
+/// The send queue and the requester/completer state.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    pub sq: VecDeque<SendWqe>,
+    /// Offset from the front of the first WQE with packets left to send.
+    pub cur: usize,
+    /// The next PSN to assign.
+    pub psn: Psn,
+    /// The oldest PSN not yet acknowledged.
+    pub comp_psn: Psn,
+    /// READs and atomics outstanding.
+    pub rd_out: u32,
+    /// Packets sent since the last AckReq.
+    pub noack: u32,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    /// Retransmit deadline (RC).
+    pub timer: Option<Time>,
+    /// Waiting out an RNR NAK until then.
+    pub rnr_until: Option<Time>,
+    /// A retry is under way; further NAKs of the same episode are ignored (as rxe).
+    pub retrying: bool,
+    draining: bool,
+    drain_notified: bool,
+}
+
+impl Requester {
+    pub fn set_psn(&mut self, psn: u32) {
+        self.psn = Psn::new(psn);
+        self.comp_psn = self.psn;
+    }
+
+    pub fn reset_retries(&mut self, a: &QpAttr) {
+        self.retry_left = a.retry_cnt;
+        self.rnr_left = a.rnr_retry;
+    }
+
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+        self.drain_notified = false;
+    }
+
+    pub fn end_drain(&mut self) {
+        self.draining = false;
+    }
+
+    /// True while in SQD with WQEs still outstanding.
+    pub fn draining(&self) -> bool {
+        self.draining
+            && self
+                .sq
+                .iter()
+                .any(|w| w.assigned && !matches!(w.state, WqeState::Done(_)))
+    }
+
+    pub fn deadline(&self) -> Option<Time> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// True when some WQE has packets to send and nothing blocks them.
+    pub fn has_work(&self, qp: &Qp, now: Time) -> bool {
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+            return false;
+        }
+        if self.rnr_until.is_some_and(|t| t > now) {
+            return false;
+        }
+        self.sq.get(self.cur).is_some()
+    }
+
+    /// PSNs in flight unacknowledged.
+    pub fn inflight(&self) -> u32 {
+        self.psn.forward_from(self.comp_psn)
+    }
+
+    /// Completes every remaining WQE with WR_FLUSH_ERR (the QP went to ERR or SQE).
+    pub fn flush(&mut self, ctx: &mut Ctx, qpn: u32, cq: u32) {
+        while let Some(w) = self.sq.pop_front() {
+            let status = match w.state {
+                WqeState::Done(s) => s,
+                _ => WcStatus::WrFlushErr,
+            };
+            let mut wc = Wc::new(qpn, w.wr.wr_id, w.wr.opcode.wc_opcode(), status);
+            if status == WcStatus::Success {
+                wc.byte_len = w.length as u32;
+            }
+            if is_send(w.wr.opcode) {
+                ctx.counters.rdma_sends += 1;
+            }
+            if status != WcStatus::Success || w.signaled {
+                ctx.post_cqe(cq, wc, false);
+            }
+        }
+        self.cur = 0;
+        self.rd_out = 0;
+        self.timer = None;
+        self.rnr_until = None;
+        self.retrying = false;
+    }
+}
+
+fn is_send(op: WrOpcode) -> bool {
+    matches!(
+        op,
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv
+    )
+}
+
+/// The wire operation of a send WR.
+fn operation(op: WrOpcode) -> Operation {
+    match op {
+        WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => Operation::Send,
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => Operation::Write,
+        WrOpcode::RdmaRead => Operation::ReadRequest,
+        WrOpcode::AtomicCmpAndSwp => Operation::CompareSwap,
+        WrOpcode::AtomicFetchAndAdd => Operation::FetchAdd,
+        WrOpcode::LocalInv | WrOpcode::BindMw => Operation::Send,
+    }
+}
+
+fn position(i: u32, n: u32) -> Position {
+    match (i == 0, i + 1 == n) {
+        (true, true) => Position::Only,
+        (true, false) => Position::First,
+        (false, true) => Position::Last,
+        (false, false) => Position::Middle,
+    }
+}
+
+impl Qp {
+    /// Validates and queues a send WR (`ibv_post_send`).
+    pub(crate) fn post_send(
+        &mut self,
+        ctx: &mut Ctx,
+        wr: &SendWr,
+    ) -> Result<(), crate::verbs::Error> {
+        use crate::verbs::Error;
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(Error::WrongState {
+                    qpn: self.qpn,
+                    state: self.state,
+                    why: "send WRs can be posted from RTS on",
+                });
+            }
+            _ => {}
+        }
+        if self.req.sq.len() >= self.cap.max_send_wr as usize {
+            return Err(Error::QueueFull {
+                what: "send",
+                owner: self.qpn,
+                depth: self.cap.max_send_wr,
+            });
+        }
+        let inline = wr.send_flags.contains(SendFlags::INLINE);
+        if !inline && wr.sg_list.len() > self.cap.max_send_sge as usize {
+            return Err(Error::InvalidWr("more SGEs than the QP's max_send_sge"));
+        }
+        if inline {
+            let d = wr
+                .inline
+                .ok_or(Error::InvalidWr("INLINE set but no inline data"))?;
+            if d.as_slice().len() > self.cap.max_inline_data as usize {
+                return Err(Error::InvalidWr(
+                    "inline data longer than the QP's max_inline_data",
+                ));
+            }
+            if !matches!(
+                wr.opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::SendWithInv
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+            ) {
+                return Err(Error::InvalidWr("inline data is only for SEND and WRITE"));
+            }
+        }
+        let length = wr.length();
+        if length > u64::from(ctx.cfg.limits.max_msg_sz) {
+            return Err(Error::InvalidWr("message longer than max_msg_sz"));
+        }
+        let ud = self.qp_type == QpType::Ud;
+        match wr.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm => {}
+            WrOpcode::SendWithInv
+            | WrOpcode::RdmaRead
+            | WrOpcode::AtomicCmpAndSwp
+            | WrOpcode::AtomicFetchAndAdd
+                if self.qp_type != QpType::Rc =>
+            {
+                return Err(Error::InvalidWr("this opcode needs an RC QP"));
+            }
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if ud => {
+                return Err(Error::InvalidWr("RDMA WRITE needs a connected QP"));
+            }
+            WrOpcode::LocalInv if ud => {
+                return Err(Error::InvalidWr("LOCAL_INV needs a connected QP"));
+            }
+            WrOpcode::BindMw => return Err(Error::InvalidWr("memory windows are not supported")),
+            _ => {}
+        }
+        if wr.opcode.is_atomic() {
+            if length != 8 || wr.sg_list.len() != 1 {
+                return Err(Error::InvalidWr(
+                    "an atomic needs one 8-byte SGE for its result",
+                ));
+            }
+            if !wr.remote_addr.is_multiple_of(8) {
+                return Err(Error::InvalidWr(
+                    "an atomic's remote_addr must be 8-byte aligned",
+                ));
+            }
+        }
+        if ud && wr.ud.is_none() {
+            return Err(Error::InvalidWr(
+                "a UD send needs wr.ud (address and remote QPN)",
+            ));
+        }
+        let write_local = wr.opcode == WrOpcode::RdmaRead || wr.opcode.is_atomic();
+        let (segs, seg_err) = if inline {
+            (
+                Segs::inline(wr.inline.unwrap_or_else(|| unreachable!())),
+                None,
+            )
+        } else {
+            match Segs::resolve(&ctx.mrs, self.pd, &wr.sg_list, write_local) {
+                Ok(s) => (s, None),
+                Err(e) => (Segs::default(), Some(e)),
+            }
+        };
+        let signaled = self.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+        self.req.sq.push_back(SendWqe {
+            wr: *wr,
+            segs,
+            seg_err,
+            state: WqeState::Sending,
+            assigned: false,
+            first_psn: Psn::default(),
+            last_psn: Psn::default(),
+            npkts: 0,
+            next_pkt: 0,
+            sent_hi: 0,
+            read_from: 0,
+            read_pos: None,
+            holds_rd: false,
+            signaled,
+            length,
+        });
+        if matches!(self.state, QpState::Err | QpState::Sqe) {
+            self.req.flush(ctx, self.qpn, self.send_cq);
+        }
+        Ok(())
+    }
+
+    /// Retires finished WQEs from the front of the send queue, in order, completing them.
+    pub(crate) fn retire_send(&mut self, ctx: &mut Ctx, now: Time) {
+        let mut failed = false;
+        while let Some(w) = self.req.sq.front() {
+            let WqeState::Done(status) = w.state else {
+                break;
+            };
+            let w = self.req.sq.pop_front().unwrap_or_else(|| unreachable!());
+            self.req.cur = self.req.cur.saturating_sub(1);
+            if is_send(w.wr.opcode) {
+                ctx.counters.rdma_sends += 1;
+            }
+            if status != WcStatus::Success || w.signaled {
+                let mut wc = Wc::new(self.qpn, w.wr.wr_id, w.wr.opcode.wc_opcode(), status);
+                if status == WcStatus::Success {
+                    wc.byte_len = w.length as u32;
+                    if matches!(
+                        w.wr.opcode,
+                        WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm
+                    ) {
+                        wc.wc_flags = WcFlags::WITH_IMM;
+                        wc.imm_data = w.wr.imm_data;
+                    }
+                }
+                if !ctx.post_cqe(self.send_cq, wc, false) {
+                    failed = true;
+                }
+            }
+            if status != WcStatus::Success {
+                failed = true;
+            }
+        }
+        if failed {
+            self.fatal(ctx, now, true);
+        }
+        if self.req.draining
+            && !self.req.drain_notified
+            && !self.req.draining()
+            && self.state == QpState::Sqd
+        {
+            self.req.drain_notified = true;
+            if self.attr.en_sqd_async_notify {
+                ctx.events
+                    .push_back(crate::verbs::AsyncEvent::SqDrained { qpn: self.qpn });
+            }
+        }
+        if self.req.sq.is_empty() {
+            self.req.timer = None;
+        }
+    }
+
+    /// Finishes the WQE at `idx` with an error raised while sending it.
+    fn fail_wqe(&mut self, ctx: &mut Ctx, now: Time, idx: usize, status: WcStatus) {
+        if let Some(w) = self.req.sq.get_mut(idx) {
+            w.state = WqeState::Done(status);
+        }
+        // Everything before it is either done or will be flushed by the fatal path; the
+        // failed one must come out with its own status, so retire what can be, then fail.
+        for w in self.req.sq.iter_mut().take(idx) {
+            if !matches!(w.state, WqeState::Done(_)) {
+                w.state = WqeState::Done(WcStatus::WrFlushErr);
+            }
+        }
+        self.retire_send(ctx, now);
+    }
+
+    /// Writes the next request packet into `buf`, if the send queue has one to go now.
+    pub(crate) fn next_request(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Time,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        if self.req.rnr_until.is_some_and(|t| t > now) {
+            return None;
+        }
+        self.req.rnr_until = None;
+        let mtu = self.mtu(ctx);
+        loop {
+            let idx = self.req.cur;
+            let w = self.req.sq.get(idx)?;
+            if !matches!(w.state, WqeState::Sending) {
+                self.req.cur += 1;
+                continue;
+            }
+            if !w.assigned {
+                if self.req.draining {
+                    return None;
+                }
+                let op = w.wr.opcode;
+                if op == WrOpcode::LocalInv {
+                    // Waits for every earlier WQE to complete (rxe), then runs locally.
+                    if idx != 0 {
+                        return None;
+                    }
+                    let ok = ctx.mrs.invalidate(w.wr.invalidate_rkey, self.pd).is_ok();
+                    let st = if ok {
+                        WcStatus::Success
+                    } else {
+                        WcStatus::LocQpOpErr
+                    };
+                    self.req.sq[idx].state = WqeState::Done(st);
+                    self.req.sq[idx].assigned = true;
+                    self.retire_send(ctx, now);
+                    continue;
+                }
+                if w.wr.send_flags.contains(SendFlags::FENCE) && self.req.rd_out > 0 {
+                    return None;
+                }
+                if op.is_read_or_atomic() && self.req.rd_out >= u32::from(self.attr.max_rd_atomic) {
+                    return None;
+                }
+                if let Some(e) = w.seg_err {
+                    let st = match e {
+                        AccessError::Permission
+                        | AccessError::BadKey
+                        | AccessError::Invalidated => WcStatus::LocProtErr,
+                        AccessError::Range => WcStatus::LocProtErr,
+                    };
+                    self.fail_wqe(ctx, now, idx, st);
+                    return None;
+                }
+                // Assign PSNs.
+                let n = match op {
+                    WrOpcode::RdmaRead => (w.length.div_ceil(u64::from(mtu))).max(1) as u32,
+                    o if o.is_atomic() => 1,
+                    _ if self.qp_type == QpType::Ud => 1,
+                    _ => (w.length.div_ceil(u64::from(mtu))).max(1) as u32,
+                };
+                let psn = self.req.psn;
+                let w = &mut self.req.sq[idx];
+                w.assigned = true;
+                w.first_psn = psn;
+                w.npkts = n;
+                w.last_psn = psn.add(n - 1);
+                if op.is_read_or_atomic() {
+                    w.holds_rd = true;
+                    self.req.rd_out += 1;
+                }
+                self.req.psn = psn.add(n);
+            }
+            // The RC window: at most max_inflight PSNs unacknowledged.
+            let w = &self.req.sq[idx];
+            let pkt_psn = w.first_psn.add(if w.wr.opcode == WrOpcode::RdmaRead {
+                w.read_from
+            } else {
+                w.next_pkt
+            });
+            let window = ctx.cfg.max_inflight_psns.max(1);
+            if self.qp_type == QpType::Rc && pkt_psn.forward_from(self.req.comp_psn) >= window {
+                return None;
+            }
+            let last_in_window =
+                self.qp_type == QpType::Rc && pkt_psn.forward_from(self.req.comp_psn) + 1 == window;
+            return match self.qp_type {
+                QpType::Ud => self.send_ud(ctx, now, buf, idx),
+                _ => self.send_connected(ctx, now, buf, idx, pkt_psn, mtu, last_in_window),
+            };
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_connected(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Time,
+        buf: &mut [u8],
+        idx: usize,
+        psn: Psn,
+        mtu: u32,
+        last_in_window: bool,
+    ) -> Option<usize> {
+        let transport = if self.qp_type == QpType::Rc {
+            Transport::Rc
+        } else {
+            Transport::Uc
+        };
+        let w = &self.req.sq[idx];
+        let op = w.wr.opcode;
+        let oper = operation(op);
+        let (pos, payload_len, pkt_index) = match oper {
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd => {
+                (Position::Only, 0usize, w.next_pkt)
+            }
+            _ => {
+                let i = w.next_pkt;
+                let off = u64::from(i) * u64::from(mtu);
+                let len = (w.length - off.min(w.length)).min(u64::from(mtu)) as usize;
+                (position(i, w.npkts), len, i)
+            }
+        };
+        let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm) && pos.ends();
+        let inv = op == WrOpcode::SendWithInv && pos.ends();
+        let opcode = Opcode::find(transport, oper, pos, imm, inv)?;
+        let rc = transport == Transport::Rc;
+        let ack_req =
+            rc && (pos.ends() || self.req.noack >= ctx.cfg.ack_req_interval || last_in_window);
+        let mut ext = ExtRepr::default();
+        match oper {
+            Operation::Write if pos.starts() => {
+                ext.reth = Some(RethRepr {
+                    va: w.wr.remote_addr,
+                    rkey: w.wr.rkey,
+                    dma_len: w.length as u32,
+                });
+            }
+            Operation::ReadRequest => {
+                let skip = u64::from(w.read_from) * u64::from(mtu);
+                ext.reth = Some(RethRepr {
+                    va: w.wr.remote_addr.wrapping_add(skip),
+                    rkey: w.wr.rkey,
+                    dma_len: (w.length - skip.min(w.length)) as u32,
+                });
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                ext.atomic_eth = Some(AtomicEthRepr {
+                    va: w.wr.remote_addr,
+                    rkey: w.wr.rkey,
+                    swap_add: if oper == Operation::CompareSwap {
+                        w.wr.swap
+                    } else {
+                        w.wr.compare_add
+                    },
+                    compare: if oper == Operation::CompareSwap {
+                        w.wr.compare_add
+                    } else {
+                        0
+                    },
+                });
+            }
+            _ => {}
+        }
+        if imm {
+            ext.immdt = Some(ImmDtRepr { imm: w.wr.imm_data });
+        }
+        if inv {
+            ext.ieth = Some(IethRepr {
+                rkey: w.wr.invalidate_rkey,
+            });
+        }
+        // SE on the last packet of a SEND or WRITE_WITH_IMM asked to be solicited.
+        let se = w.wr.send_flags.contains(SendFlags::SOLICITED)
+            && pos.ends()
+            && (oper == Operation::Send || imm);
+        let bth = BthRepr {
+            opcode,
+            solicited: se,
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: self.attr.dest_qp_num,
+            ack_req,
+            psn,
+        };
+        let off = u64::from(pkt_index) * u64::from(mtu);
+        let data_ok = payload_len == 0 || w.segs.check(off, payload_len).is_ok();
+        if !data_ok {
+            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
+            return None;
+        }
+        let segs = &self.req.sq[idx].segs;
+        let n = self.emit(ctx, buf, bth, ext, payload_len, |dst| {
+            // Cannot fail: checked just above, and nothing runs in between.
+            let _ = segs.gather(off, dst);
+        })?;
+        // Book-keeping after the packet is built.
+        let w = &mut self.req.sq[idx];
+        if pkt_index < w.sent_hi {
+            ctx.counters.retransmitted_pkts += 1;
+        }
+        w.sent_hi = w.sent_hi.max(pkt_index + 1);
+        let done_sending = match oper {
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd => {
+                w.next_pkt = w.npkts;
+                true
+            }
+            _ => {
+                w.next_pkt += 1;
+                w.next_pkt >= w.npkts
+            }
+        };
+        if ack_req {
+            self.req.noack = 0;
+        } else {
+            self.req.noack += 1;
+        }
+        if done_sending {
+            self.req.cur = idx + 1;
+            if rc {
+                w.state = WqeState::Sent;
+            } else {
+                // UC: nothing acknowledges it; done once sent.
+                w.state = WqeState::Done(WcStatus::Success);
+                self.retire_send(ctx, now);
+            }
+        }
+        if rc && self.req.timer.is_none() && self.attr.timeout != 0 {
+            self.req.timer = Some(now.add_nanos(timeout_ns(self.attr.timeout)));
+        }
+        Some(n)
+    }
+
+    fn send_ud(&mut self, ctx: &mut Ctx, now: Time, buf: &mut [u8], idx: usize) -> Option<usize> {
+        let w = &self.req.sq[idx];
+        let Some(dest) = w.wr.ud else {
+            self.fail_wqe(ctx, now, idx, WcStatus::LocQpOpErr);
+            return None;
+        };
+        let mtu = ctx.cfg.port_mtu.bytes();
+        if w.length > u64::from(mtu) {
+            // C10-93.1.1 (and rxe): a UD message over the MTU is not sent, yet completes.
+            ctx.counters.ud_too_long += 1;
+            self.req.sq[idx].state = WqeState::Done(WcStatus::Success);
+            self.req.cur = idx + 1;
+            self.retire_send(ctx, now);
+            return None;
+        }
+        if self.path.as_ref().is_none_or(|p| p.av != dest.ah) {
+            match super::qp::resolve_path(ctx, &dest.ah, self.sport) {
+                Ok(p) => self.path = Some(p),
+                Err(_) => {
+                    self.fail_wqe(ctx, now, idx, WcStatus::LocQpOpErr);
+                    return None;
+                }
+            }
+        }
+        let w = &self.req.sq[idx];
+        let imm = w.wr.opcode == WrOpcode::SendWithImm;
+        let opcode = if imm {
+            Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+        } else {
+            Opcode::UD_SEND_ONLY
+        };
+        // IBA 10.2.5: a WR Q_Key with the top bit set means "use the QP's Q_Key". (rxe
+        // sends the WR's value verbatim.)
+        let qkey = if dest.remote_qkey & crate::wire::deth::QKEY_PRIVILEGED != 0 {
+            self.attr.qkey
+        } else {
+            dest.remote_qkey
+        };
+        let ext = ExtRepr {
+            deth: Some(DethRepr {
+                qkey,
+                src_qp: self.qpn,
+            }),
+            immdt: imm.then_some(ImmDtRepr { imm: w.wr.imm_data }),
+            ..ExtRepr::default()
+        };
+        let bth = BthRepr {
+            opcode,
+            solicited: w.wr.send_flags.contains(SendFlags::SOLICITED),
+            mig_req: false,
+            pad_count: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: dest.remote_qpn,
+            ack_req: false,
+            psn: w.first_psn,
+        };
+        let len = w.length as usize;
+        if len > 0 && w.segs.check(0, len).is_err() {
+            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
+            return None;
+        }
+        let segs = &self.req.sq[idx].segs;
+        let n = self.emit(ctx, buf, bth, ext, len, |dst| {
+            // Cannot fail: checked just above.
+            let _ = segs.gather(0, dst);
+        })?;
+        // UD completes when the packet is handed to the link (rxe does the same).
+        self.req.sq[idx].state = WqeState::Done(WcStatus::Success);
+        self.req.cur = idx + 1;
+        self.retire_send(ctx, now);
+        Some(n)
+    }
+}
+
+/// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
+pub(crate) fn timeout_ns(t: u8) -> u64 {
+    4096u64 << u32::from(t.min(31))
+}

@@ -1,0 +1,184 @@
+//! The device: its addresses, GID table, port MTU and limits (`ibv_query_device`,
+//! `ibv_query_port`, `ibv_query_gid`).
+
+use super::types::Mtu;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A 16-byte GID; for RoCEv2 it is an IPv6 address (IPv4 as `::ffff:a.b.c.d`).
+pub type Gid = [u8; 16];
+
+/// The GID of an IP address.
+pub fn gid_of(ip: IpAddr) -> Gid {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The IP address a GID stands for (IPv4-mapped GIDs give IPv4).
+pub fn ip_of(gid: &Gid) -> IpAddr {
+    let v6 = Ipv6Addr::from(*gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The IPv6 link-local address derived from a MAC (modified EUI-64), which rxe puts at
+/// GID index 0.
+pub fn link_local_of(mac: [u8; 6]) -> Ipv6Addr {
+    Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        mac[0] ^ 0x02,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ])
+}
+
+/// Limits a device reports and enforces (`ibv_device_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLimits {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline_data: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_mr_size: u64,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u8,
+    pub max_qp_init_rd_atom: u8,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    /// The largest message (`ibv_port_attr.max_msg_sz`).
+    pub max_msg_sz: u32,
+}
+
+impl Default for DeviceLimits {
+    /// Roughly rxe's defaults (`rxe_param.h`), with SGEs and inline data bounded by the
+    /// fixed arrays of the work requests.
+    fn default() -> Self {
+        DeviceLimits {
+            max_qp: 0x10000,
+            max_qp_wr: 0x4000,
+            max_sge: super::wr::MAX_SGE as u32,
+            max_inline_data: super::wr::MAX_INLINE as u32,
+            max_cq: 0x4000,
+            max_cqe: 0x8000,
+            max_mr: 0x40000,
+            max_mr_size: u64::MAX,
+            max_pd: 0x7ffc,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_srq: 0x1000,
+            max_srq_wr: 0x4000,
+            max_srq_sge: super::wr::MAX_SGE as u32,
+            max_msg_sz: 0x8000_0000,
+        }
+    }
+}
+
+/// How a device is set up.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The interface's MAC, source of every frame.
+    pub mac: [u8; 6],
+    /// IPv4 addresses, one RoCEv2 GID each (`::ffff:a.b.c.d`).
+    pub ipv4: Vec<Ipv4Addr>,
+    /// Global IPv6 addresses, one GID each. The link-local GID at index 0 is derived from
+    /// the MAC.
+    pub ipv6: Vec<Ipv6Addr>,
+    /// The active IB MTU of the port (what the netdev MTU allows).
+    pub port_mtu: Mtu,
+    pub limits: DeviceLimits,
+    /// Seed of the engine's random numbers (keys, PSNs it picks): the same seed gives the
+    /// same run.
+    pub seed: u64,
+    /// Treat `retry_cnt` 7 as infinite like rxe does. IBA 9.7.6.1.4 makes only
+    /// `rnr_retry` 7 infinite; by default roce-xdp follows IBA and gives up after 7
+    /// retries.
+    pub retry_cnt_7_infinite: bool,
+    /// The most PSNs a requester has in flight unacknowledged per QP.
+    pub max_inflight_psns: u32,
+    /// AckReq is set at least every this many packets of a long message (rxe:
+    /// RXE_MAX_UNACKED_PSNS = 128).
+    pub ack_req_interval: u32,
+}
+
+impl DeviceConfig {
+    /// A device with one IPv4 address, IB MTU 1024 and default limits.
+    pub fn new(mac: [u8; 6], ipv4: Ipv4Addr) -> DeviceConfig {
+        DeviceConfig {
+            mac,
+            ipv4: vec![ipv4],
+            ipv6: vec![],
+            port_mtu: Mtu::Mtu1024,
+            limits: DeviceLimits::default(),
+            seed: 0x5eed,
+            retry_cnt_7_infinite: false,
+            max_inflight_psns: 128,
+            ack_req_interval: 128,
+        }
+    }
+
+    /// The GID table: index 0 the link-local IPv6 GID (as rxe), then one per IPv4 address,
+    /// then one per global IPv6 address.
+    pub fn gid_table(&self) -> Vec<Gid> {
+        let mut t = vec![link_local_of(self.mac).octets()];
+        t.extend(self.ipv4.iter().map(|a| gid_of(IpAddr::V4(*a))));
+        t.extend(self.ipv6.iter().map(|a| gid_of(IpAddr::V6(*a))));
+        t
+    }
+
+    /// True when `ip` is one of this device's addresses (the link-local one included).
+    pub fn owns(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.ipv4.contains(&a),
+            IpAddr::V6(a) => a == link_local_of(self.mac) || self.ipv6.contains(&a),
+        }
+    }
+}
+
+/// What `query_port` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    pub active_mtu: Mtu,
+    pub max_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub max_msg_sz: u32,
+    /// Always ACTIVE (4) while the engine runs.
+    pub state: u8,
+    /// RoCE has no LIDs: 0.
+    pub lid: u16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids() {
+        let c = DeviceConfig::new([0x52, 0x54, 0, 0, 0, 1], Ipv4Addr::new(198, 18, 0, 1));
+        let t = c.gid_table();
+        assert_eq!(t.len(), 2);
+        assert_eq!(Ipv6Addr::from(t[0]).to_string(), "fe80::5054:ff:fe00:1");
+        assert_eq!(Ipv6Addr::from(t[1]).to_string(), "::ffff:198.18.0.1");
+        assert_eq!(ip_of(&t[1]), IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)));
+        assert!(c.owns(ip_of(&t[0])));
+        assert!(!c.owns("198.18.0.2".parse().unwrap()));
+    }
+}
