@@ -52,13 +52,15 @@ impl RecvWqe {
     }
 }
 
-/// A multi-packet message being received.
+/// A multi-packet message being received. One per QP: the size of the `Send` variant
+/// does not matter, and boxing it would cost an allocation per message.
 #[derive(Debug, Default)]
+#[allow(clippy::large_enum_variant)]
 enum InProgress {
     #[default]
     Idle,
     Send {
-        wqe: Box<RecvWqe>,
+        wqe: RecvWqe,
         off: u64,
     },
     Write {
@@ -367,16 +369,10 @@ impl Qp {
                 return Err(Refuse::Rnr);
             };
             if wqe.err.is_some() {
-                self.resp.cur = InProgress::Send {
-                    wqe: Box::new(wqe),
-                    off: 0,
-                };
+                self.resp.cur = InProgress::Send { wqe, off: 0 };
                 return Err(Refuse::RemoteOp(WcStatus::LocProtErr));
             }
-            self.resp.cur = InProgress::Send {
-                wqe: Box::new(wqe),
-                off: 0,
-            };
+            self.resp.cur = InProgress::Send { wqe, off: 0 };
         }
         let InProgress::Send { wqe, off } = &mut self.resp.cur else {
             return Err(Refuse::InvalidRequest(WcStatus::RemInvReqErr));
@@ -777,7 +773,7 @@ impl Qp {
     /// Abandons a partially received UC message; its receive WQE is reused.
     fn uc_abort(&mut self, ctx: &mut Ctx) {
         if let InProgress::Send { wqe, .. } = std::mem::take(&mut self.resp.cur) {
-            self.untake_recv(ctx, *wqe);
+            self.untake_recv(ctx, wqe);
         }
     }
 

@@ -14,7 +14,7 @@ use super::Node;
 use crate::rng::Rng;
 use crate::time::Time;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Impairments of one direction.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,6 +106,9 @@ impl Ord for InFlight {
 
 struct Direction {
     cfg: LinkConfig,
+    /// Frames in arrival order (jitter never reorders them).
+    fifo: VecDeque<InFlight>,
+    /// Frames held back on purpose (reordered), by arrival.
     queue: BinaryHeap<Reverse<InFlight>>,
     busy_until: Time,
     /// Arrival of the last frame not deliberately reordered: later ones keep behind it.
@@ -121,7 +124,13 @@ pub struct SimLink {
     pool: Vec<Vec<u8>>,
     /// When set, every frame sent (before impairments) is recorded here, for a pcap.
     pub tap: Option<Vec<(Time, Vec<u8>)>>,
+    /// When set, a frame of direction `dir` for which it returns true is dropped: for
+    /// tests that lose one chosen packet.
+    pub filter: Option<Filter>,
 }
+
+/// A test's chooser of frames to drop: `(direction, frame) -> drop?`.
+pub type Filter = Box<dyn FnMut(usize, &[u8]) -> bool>;
 
 /// Largest frame the link carries (a 9000-byte jumbo frame plus its Ethernet header).
 pub const MAX_FRAME: usize = 9018;
@@ -131,6 +140,7 @@ impl SimLink {
     pub fn new(ab: LinkConfig, ba: LinkConfig, seed: u64) -> SimLink {
         let dir = |cfg| Direction {
             cfg,
+            fifo: VecDeque::new(),
             queue: BinaryHeap::new(),
             busy_until: Time::ZERO,
             last_arrival: Time::ZERO,
@@ -142,6 +152,7 @@ impl SimLink {
             seq: 0,
             pool: Vec::new(),
             tap: None,
+            filter: None,
         }
     }
 
@@ -184,6 +195,13 @@ impl SimLink {
         let d = &mut self.dirs[dir];
         d.stats.sent += 1;
         d.stats.bytes += frame.len() as u64;
+        if let Some(f) = &mut self.filter
+            && f(dir, frame)
+        {
+            self.dirs[dir].stats.dropped += 1;
+            return;
+        }
+        let d = &mut self.dirs[dir];
         // Serialisation: a frame leaves when the previous one has.
         let start = now.max(d.busy_until);
         let tx_ns = (frame.len() as u64 * 8)
@@ -213,20 +231,26 @@ impl SimLink {
             if cfg.jitter_ns > 0 {
                 arrival = arrival.add_nanos(self.rng.below(cfg.jitter_ns));
             }
+            self.seq += 1;
             if self.rng.chance(cfg.reorder) {
                 arrival = arrival.add_nanos(cfg.reorder_delay_ns);
-                self.dirs[dir].stats.reordered += 1;
+                let d = &mut self.dirs[dir];
+                d.stats.reordered += 1;
+                d.queue.push(Reverse(InFlight {
+                    arrival,
+                    seq: self.seq,
+                    buf,
+                }));
             } else {
                 let d = &mut self.dirs[dir];
                 arrival = arrival.max(d.last_arrival);
                 d.last_arrival = arrival;
+                d.fifo.push_back(InFlight {
+                    arrival,
+                    seq: self.seq,
+                    buf,
+                });
             }
-            self.seq += 1;
-            self.dirs[dir].queue.push(Reverse(InFlight {
-                arrival,
-                seq: self.seq,
-                buf,
-            }));
         }
     }
 
@@ -234,24 +258,46 @@ impl SimLink {
     pub fn next_arrival(&self) -> Option<Time> {
         self.dirs
             .iter()
-            .filter_map(|d| d.queue.peek().map(|f| f.0.arrival))
+            .flat_map(|d| {
+                [
+                    d.queue.peek().map(|f| f.0.arrival),
+                    d.fifo.front().map(|f| f.arrival),
+                ]
+            })
+            .flatten()
             .min()
     }
 
     /// Frames in flight.
     pub fn in_flight(&self) -> usize {
-        self.dirs.iter().map(|d| d.queue.len()).sum()
+        self.dirs.iter().map(|d| d.queue.len() + d.fifo.len()).sum()
     }
 
     /// Hands the next frame of direction `dir` that has arrived by `now` to `f`.
     /// Returns false when none has.
     pub fn deliver(&mut self, dir: usize, now: Time, f: impl FnOnce(&[u8])) -> bool {
         let d = &mut self.dirs[dir];
-        match d.queue.peek() {
-            Some(x) if x.0.arrival <= now => {}
-            _ => return false,
+        let key = |x: &InFlight| (x.arrival, x.seq);
+        let from_heap = match (d.fifo.front(), d.queue.peek()) {
+            (Some(a), Some(b)) => key(&b.0) < key(a),
+            (None, Some(_)) => true,
+            (Some(_), None) => false,
+            (None, None) => return false,
+        };
+        let arrival = if from_heap {
+            d.queue.peek().map(|x| x.0.arrival)
+        } else {
+            d.fifo.front().map(|x| x.arrival)
+        };
+        if arrival.is_none_or(|t| t > now) {
+            return false;
         }
-        let Some(Reverse(fl)) = d.queue.pop() else {
+        let fl = if from_heap {
+            d.queue.pop().map(|r| r.0)
+        } else {
+            d.fifo.pop_front()
+        };
+        let Some(fl) = fl else {
             return false;
         };
         d.stats.delivered += 1;

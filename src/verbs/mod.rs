@@ -35,7 +35,7 @@ impl std::fmt::Display for QpType {
 /// Why a verbs call failed. Each message names the object or attribute at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    #[error("a {qp_type} QP cannot go from {from} to {to}")]
+    #[error("{qp_type} QP: there is no transition from {from} to {to}")]
     InvalidTransition {
         qp_type: QpType,
         from: QpState,

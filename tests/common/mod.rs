@@ -2,6 +2,8 @@
 //! ibv_rc_pingpong connects them.
 #![allow(dead_code)]
 
+pub mod transfer;
+
 use roce_xdp::engine::Engine;
 use roce_xdp::link::sim::{LinkConfig, Sim, SimLink, Stop};
 use roce_xdp::time::Time;

@@ -1,0 +1,153 @@
+// Shared by benches/engine.rs and profiling: two connected engines on a clean link.
+use roce_xdp::engine::Engine;
+use roce_xdp::link::sim::{LinkConfig, Sim, SimLink};
+use roce_xdp::time::Time;
+use roce_xdp::verbs::device::gid_of;
+use roce_xdp::verbs::*;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+const ALL: AccessFlags = AccessFlags(15);
+
+struct World {
+    s: Sim<Engine, Engine>,
+    qa: u32,
+    qb: u32,
+    cqa: u32,
+    cqb: u32,
+    mra: MrInfo,
+    mrb: MrInfo,
+    _mem: (Arc<Memory>, Arc<Memory>),
+}
+
+fn world() -> World {
+    let ip_a = Ipv4Addr::new(198, 18, 0, 1);
+    let ip_b = Ipv4Addr::new(198, 18, 0, 2);
+    let (mac_a, mac_b) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let mut a = Engine::new(DeviceConfig::new(mac_a, ip_a));
+    let mut b = Engine::new(DeviceConfig::new(mac_b, ip_b));
+    a.set_neighbor(IpAddr::V4(ip_b), mac_b);
+    b.set_neighbor(IpAddr::V4(ip_a), mac_a);
+    let mk = |e: &mut Engine| {
+        let pd = e.alloc_pd().unwrap();
+        let cq = e.create_cq(32768).unwrap();
+        let mem = Memory::new(1 << 22);
+        let mr = e.reg_mr(pd, &mem, 0, 1 << 22, ALL).unwrap();
+        let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
+        init.cap.max_send_wr = 16384;
+        init.cap.max_recv_wr = 16384;
+        (cq, mem, mr, e.create_qp(&init).unwrap())
+    };
+    let (cqa, ma, mra, qa) = mk(&mut a);
+    let (cqb, mb, mrb, qb) = mk(&mut b);
+    let up = |e: &mut Engine, q: u32, rq: u32, ip: Ipv4Addr| {
+        let mut at = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: ALL,
+            ..QpAttr::default()
+        };
+        e.modify_qp(
+            q,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = Mtu::Mtu1024;
+        at.dest_qp_num = rq;
+        at.max_dest_rd_atomic = 16;
+        at.min_rnr_timer = 12;
+        at.ah_attr = AddressVector::new(gid_of(IpAddr::V4(ip)), 1);
+        e.modify_qp(
+            q,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        at.qp_state = QpState::Rts;
+        at.timeout = 14;
+        at.retry_cnt = 7;
+        at.rnr_retry = 7;
+        at.max_rd_atomic = 16;
+        e.modify_qp(
+            q,
+            &at,
+            QpAttrMask::STATE
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
+    };
+    up(&mut a, qa, qb, ip_b);
+    up(&mut b, qb, qa, ip_a);
+    let link = SimLink::new(LinkConfig::default(), LinkConfig::default(), 1);
+    World {
+        s: Sim::new(a, b, link),
+        qa,
+        qb,
+        cqa,
+        cqb,
+        mra,
+        mrb,
+        _mem: (ma, mb),
+    }
+}
+
+/// Moves `msgs` messages of `len` bytes (WRITE, or SEND into posted receives), returns
+/// the packets both engines sent.
+fn run(w: &mut World, msgs: usize, len: usize, send: bool) -> u64 {
+    let before = w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts;
+    let src = Sge {
+        addr: w.mra.addr,
+        length: len as u32,
+        lkey: w.mra.lkey,
+    };
+    let dst = Sge {
+        addr: w.mrb.addr,
+        length: len as u32,
+        lkey: w.mrb.lkey,
+    };
+    for i in 0..msgs {
+        let wr = if send {
+            w.s.b
+                .post_recv(w.qb, &RecvWr::new(i as u64, &[dst]))
+                .unwrap();
+            SendWr::send(i as u64, &[src])
+        } else {
+            SendWr::write(i as u64, &[src], w.mrb.addr, w.mrb.rkey)
+        };
+        // Signal one in 16, as bandwidth tools do.
+        let wr = if i % 16 == 15 || i + 1 == msgs {
+            wr
+        } else {
+            wr.with_flags(SendFlags::EMPTY)
+        };
+        w.s.a.post_send(w.qa, &wr).unwrap();
+    }
+    let (cqa, cqb) = (w.cqa, w.cqb);
+    let want = msgs.div_ceil(16);
+    let mut got = 0;
+    let mut recvd = 0;
+    w.s.run_until(Time::MAX, u64::MAX, |a, b| {
+        while a.poll_cq_one(cqa).is_some() {
+            got += 1;
+        }
+        while b.poll_cq_one(cqb).is_some() {
+            recvd += 1;
+        }
+        got >= want && (!send || recvd >= msgs)
+    });
+    w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
+}

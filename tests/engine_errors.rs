@@ -1,0 +1,399 @@
+//! Error paths: retries exhausted, RNR, remote access violations, duplicates.
+// QP attributes are set field by field, as ibverbs programs set ibv_qp_attr.
+#![allow(clippy::field_reassign_with_default)]
+
+mod common;
+use common::*;
+use roce_xdp::engine::Engine;
+use roce_xdp::link::sim::{LinkConfig, Sim, Stop};
+use roce_xdp::time::Time;
+use roce_xdp::verbs::*;
+use roce_xdp::wire::aeth::{NakCode, Syndrome};
+use roce_xdp::wire::{Frame, Opcode};
+
+fn clean() -> LinkConfig {
+    LinkConfig::default()
+}
+
+/// Connected RC pair on a clean link with the pcap tap on.
+fn rc(tweak: impl Fn(&mut QpAttr) + Copy) -> (Sim<Engine, Engine>, Side, Side) {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 9);
+    let sa = side(&mut a, QpType::Rc, 1 << 20, 1024);
+    let sb = side(&mut b, QpType::Rc, 1 << 20, 1024);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        1000,
+        2000,
+        tweak,
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        2000,
+        1000,
+        tweak,
+    );
+    let mut s = sim(a, b, clean(), clean(), 9);
+    s.link.tap = Some(Vec::new());
+    (s, sa, sb)
+}
+
+/// The AETH syndromes of every ACK/NAK B sent.
+fn syndromes(s: &Sim<Engine, Engine>) -> Vec<Syndrome> {
+    s.link
+        .tap
+        .iter()
+        .flatten()
+        .filter_map(|(_, f)| {
+            let f = Frame::parse(f).ok()?;
+            (f.eth().src == MAC_B).then_some(())?;
+            f.roce().aeth().map(|a| a.syndrome())
+        })
+        .collect()
+}
+
+fn wait(s: &mut Sim<Engine, Engine>, cq: u32, n: usize, secs: u64) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let stop = s.run_until(Time(secs * 1_000_000_000), 10_000_000, |a, _| {
+        while let Some(w) = a.poll_cq_one(cq) {
+            out.push(w);
+        }
+        out.len() >= n
+    });
+    assert_eq!(stop, Stop::Done, "got {out:?}");
+    out
+}
+
+#[test]
+fn retries_exhausted_when_the_peer_is_gone() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 10);
+    s.b.destroy_qp(sb.qpn).unwrap();
+    for i in 0..3 {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::write(i, &[sge(&sa, 0, 100)], sb.mr.addr, sb.mr.rkey),
+        )
+        .unwrap();
+    }
+    let wcs = wait(&mut s, sa.cq, 3, 10);
+    assert_eq!(wcs[0].status, WcStatus::RetryExcErr);
+    assert_eq!(wcs[0].wr_id, 0);
+    assert!(wcs[1..].iter().all(|w| w.status == WcStatus::WrFlushErr));
+    assert_eq!(s.a.qp_state(sa.qpn), Some(QpState::Err));
+    let c = s.a.counters();
+    assert_eq!(c.retry_exceeded_err, 1);
+    // IBA: retry_cnt 7 means 7 retries, then the error; 8 timeouts in all.
+    assert_eq!(c.timeouts, 8);
+    assert_eq!(c.completer_retry_err, 7);
+    assert!(matches!(s.a.poll_event(), Some(AsyncEvent::QpFatal { .. })));
+    // A WR posted in ERR is flushed at once.
+    s.a.post_send(sa.qpn, &SendWr::send(9, &[])).unwrap();
+    assert_eq!(s.a.poll_cq_one(sa.cq).unwrap().status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn rnr_then_a_late_receive_succeeds() {
+    let (mut s, sa, sb) = rc(|a| a.min_rnr_timer = 1); // 10 us
+    s.a.post_send(sa.qpn, &SendWr::send(1, &[sge(&sa, 0, 64)]))
+        .unwrap();
+    // Let a few RNR NAKs go by with no receive posted.
+    s.run_until(Time(200_000), 100_000, |_, _| false);
+    assert!(s.b.counters().send_rnr_err >= 2);
+    assert!(s.a.counters().rcvd_rnr_err >= 2);
+    assert!(syndromes(&s).contains(&Syndrome::RnrNak { timer: 1 }));
+    s.b.post_recv(sb.qpn, &RecvWr::new(7, &[sge(&sb, 0, 64)]))
+        .unwrap();
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(s.b.poll_cq_one(sb.cq).unwrap().wr_id, 7);
+}
+
+#[test]
+fn rnr_retries_exhausted() {
+    let (mut s, sa, _sb) = rc(|a| {
+        a.min_rnr_timer = 1;
+        a.rnr_retry = 3;
+    });
+    s.a.post_send(sa.qpn, &SendWr::send(1, &[sge(&sa, 0, 64)]))
+        .unwrap();
+    s.a.post_send(sa.qpn, &SendWr::send(2, &[sge(&sa, 0, 64)]))
+        .unwrap();
+    let wcs = wait(&mut s, sa.cq, 2, 1);
+    assert_eq!(wcs[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(wcs[1].status, WcStatus::WrFlushErr);
+    assert_eq!(s.a.counters().rcvd_rnr_err, 4, "first try and 3 retries");
+    assert_eq!(s.a.counters().retry_rnr_exceeded_err, 1);
+}
+
+/// Posts one bad WR on a fresh pair, and checks the requester's status, the NAK on the
+/// wire, and that the responder's memory did not change.
+fn violation(
+    tweak_b: impl Fn(&mut Engine, &Side) -> (u32, u64),
+    wr: impl Fn(&Side, u32, u64) -> SendWr,
+    want_status: WcStatus,
+    want_nak: NakCode,
+) {
+    let (mut s, sa, sb) = rc(|_| {});
+    let (rkey, va) = tweak_b(&mut s.b, &sb);
+    let pattern: Vec<u8> = (0..(1 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    sb.mem.write(0, &pattern).unwrap();
+    sa.mem.fill(0, 1 << 20, 0x5a).unwrap();
+    s.b.post_recv(sb.qpn, &RecvWr::new(50, &[sge(&sb, 0, 64)]))
+        .unwrap();
+    s.a.post_send(sa.qpn, &wr(&sa, rkey, va)).unwrap();
+    s.a.post_send(sa.qpn, &SendWr::send(99, &[sge(&sa, 0, 8)]))
+        .unwrap();
+    let wcs = wait(&mut s, sa.cq, 2, 1);
+    assert_eq!(wcs[0].status, want_status, "{wcs:?}");
+    assert_eq!(wcs[1].status, WcStatus::WrFlushErr);
+    assert!(
+        syndromes(&s).contains(&Syndrome::Nak(want_nak)),
+        "{:?}",
+        syndromes(&s)
+    );
+    assert!(
+        sb.mem.to_vec(0, 1 << 20).unwrap() == pattern,
+        "responder memory changed"
+    );
+    assert_eq!(s.a.qp_state(sa.qpn), Some(QpState::Err));
+    assert_eq!(s.b.qp_state(sb.qpn), Some(QpState::Err));
+}
+
+fn keep(_: &mut Engine, s: &Side) -> (u32, u64) {
+    (s.mr.rkey, s.mr.addr)
+}
+
+#[test]
+fn bad_rkey() {
+    violation(
+        keep,
+        |a, rkey, va| SendWr::write(1, &[sge(a, 0, 100)], va, rkey ^ 0x100),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+}
+
+#[test]
+fn out_of_range() {
+    violation(
+        keep,
+        |a, rkey, va| SendWr::write(1, &[sge(a, 0, 2000)], va + (1 << 20) - 1000, rkey),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+    violation(
+        keep,
+        |a, rkey, va| SendWr::read(1, &[sge(a, 0, 16)], va - 8, rkey),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+}
+
+#[test]
+fn wrapped_address() {
+    // A region seen at the top of the address space; va + len wraps past 2^64.
+    violation(
+        |b, s| {
+            let mr = b
+                .reg_mr_iova(s.pd, &s.mem, 0, 4096, u64::MAX - 4096, ALL_ACCESS)
+                .unwrap();
+            (mr.rkey, mr.addr)
+        },
+        |a, rkey, _| SendWr::write(1, &[sge(a, 0, 64)], u64::MAX - 31, rkey),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+}
+
+#[test]
+fn missing_permission() {
+    let read_only = |b: &mut Engine, s: &Side| {
+        let mr = b
+            .reg_mr(s.pd, &s.mem, 0, 4096, AccessFlags::REMOTE_READ)
+            .unwrap();
+        (mr.rkey, mr.addr)
+    };
+    violation(
+        read_only,
+        |a, rkey, va| SendWr::write(1, &[sge(a, 0, 64)], va, rkey),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+    violation(
+        read_only,
+        |a, rkey, va| SendWr::fetch_add(1, sge(a, 0, 8), va, rkey, 1),
+        WcStatus::RemAccessErr,
+        NakCode::RemoteAccessError,
+    );
+    // The QP itself may forbid it: no REMOTE_READ in the responder's access flags.
+    let (mut s, sa, sb) = rc(|_| {});
+    let mut at = QpAttr::default();
+    at.qp_access_flags = AccessFlags::REMOTE_WRITE;
+    s.b.modify_qp(sb.qpn, &at, QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(1, &[sge(&sa, 0, 8)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn misaligned_atomic() {
+    violation(
+        keep,
+        |a, rkey, va| SendWr::cmp_swap(1, sge(a, 0, 8), va + 4, rkey, 0, 1),
+        WcStatus::RemInvReqErr,
+        NakCode::InvalidRequest,
+    );
+}
+
+#[test]
+fn send_longer_than_the_receive_buffer() {
+    let (mut s, sa, sb) = rc(|_| {});
+    s.b.post_recv(sb.qpn, &RecvWr::new(5, &[sge(&sb, 0, 1000)]))
+        .unwrap();
+    sb.mem.fill(1000, 4000, 0xee).unwrap();
+    s.a.post_send(sa.qpn, &SendWr::send(1, &[sge(&sa, 0, 3000)]))
+        .unwrap();
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!(wcs[0].status, WcStatus::RemInvReqErr);
+    assert!(syndromes(&s).contains(&Syndrome::Nak(NakCode::InvalidRequest)));
+    let r = s.b.poll_cq_one(sb.cq).unwrap();
+    assert_eq!((r.wr_id, r.status), (5, WcStatus::LocLenErr));
+    assert!(
+        sb.mem
+            .to_vec(1000, 4000)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0xee)
+    );
+}
+
+#[test]
+fn zero_length_rdma_needs_no_key() {
+    let (mut s, sa, sb) = rc(|_| {});
+    s.a.post_send(sa.qpn, &SendWr::write(1, &[], 0xdead_beef, 0x1234))
+        .unwrap();
+    s.a.post_send(sa.qpn, &SendWr::read(2, &[], 0xdead_beef, 0x1234))
+        .unwrap();
+    let wcs = wait(&mut s, sa.cq, 2, 1);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    let _ = sb;
+}
+
+#[test]
+fn duplicate_read_after_the_data_changed_is_a_consistent_replay() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 10);
+    let old = vec![1u8; 8192];
+    let new = vec![2u8; 8192];
+    sb.mem.write(0, &old).unwrap();
+    // Lose every READ response of the first try.
+    s.link.filter = Some(Box::new(|dir, f| {
+        dir == 1
+            && Frame::parse(f)
+                .is_ok_and(|f| f.roce().info().operation == roce_xdp::wire::Operation::ReadResponse)
+    }));
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(1, &[sge(&sa, 0, 8192)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.run_until(Time(1_000_000), 100_000, |_, b| b.counters().sent_pkts >= 8);
+    // The responder answered from the old data; it now changes, and responses get through.
+    sb.mem.write(0, &new).unwrap();
+    s.link.filter = None;
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert!(s.b.counters().duplicate_request >= 1);
+    // All of it from one execution: the replay re-read memory, none of the old bytes.
+    assert!(sa.mem.to_vec(0, 8192).unwrap() == new);
+}
+
+#[test]
+fn duplicate_atomic_is_not_executed_twice() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 10);
+    sb.mem.write(64, &100u64.to_ne_bytes()).unwrap();
+    let mut dropped = 0;
+    s.link.filter = Some(Box::new(move |dir, f| {
+        let is_ack = dir == 1
+            && Frame::parse(f)
+                .is_ok_and(|f| f.roce().bth().opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE);
+        if is_ack && dropped < 2 {
+            dropped += 1;
+            return true;
+        }
+        false
+    }));
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::fetch_add(1, sge(&sa, 0, 8), sb.mr.addr + 64, sb.mr.rkey, 5),
+    )
+    .unwrap();
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(s.b.counters().duplicate_request, 2);
+    assert_eq!(
+        sa.mem.to_vec(0, 8).unwrap(),
+        100u64.to_ne_bytes(),
+        "the original value"
+    );
+    assert_eq!(
+        sb.mem.to_vec(64, 8).unwrap(),
+        105u64.to_ne_bytes(),
+        "added once"
+    );
+}
+
+#[test]
+fn deregistering_a_region_refuses_later_access() {
+    let (mut s, sa, sb) = rc(|_| {});
+    let mr = s.b.reg_mr(sb.pd, &sb.mem, 0, 4096, ALL_ACCESS).unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(1, &[sge(&sa, 0, 64)], mr.addr, mr.rkey),
+    )
+    .unwrap();
+    assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::Success);
+    s.b.dereg_mr(mr.lkey).unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(2, &[sge(&sa, 0, 64)], mr.addr, mr.rkey),
+    )
+    .unwrap();
+    assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_key_of_another_pd_is_useless() {
+    let (mut s, sa, sb) = rc(|_| {});
+    let pd2 = s.b.alloc_pd().unwrap();
+    let mr = s.b.reg_mr(pd2, &sb.mem, 0, 4096, ALL_ACCESS).unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(1, &[sge(&sa, 0, 64)], mr.addr, mr.rkey),
+    )
+    .unwrap();
+    assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::RemAccessErr);
+    // Locally too: an lkey of another PD gives LOC_PROT_ERR.
+    let (mut s, sa, _) = rc(|_| {});
+    let pd2 = s.a.alloc_pd().unwrap();
+    let mr = s.a.reg_mr(pd2, &sa.mem, 0, 4096, ALL_ACCESS).unwrap();
+    let g = Sge {
+        addr: mr.addr,
+        length: 8,
+        lkey: mr.lkey,
+    };
+    s.a.post_send(sa.qpn, &SendWr::send(1, &[g])).unwrap();
+    assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::LocProtErr);
+}

@@ -1,0 +1,683 @@
+//! UC, UD, SRQ, invalidation, fences, CQ overflow, the QP state machine, 1000 QPs.
+// QP attributes are set field by field, as ibverbs programs set ibv_qp_attr.
+#![allow(clippy::field_reassign_with_default)]
+
+mod common;
+use common::*;
+use roce_xdp::engine::Engine;
+use roce_xdp::link::sim::{LinkConfig, Sim, Stop};
+use roce_xdp::time::Time;
+use roce_xdp::verbs::device::gid_of;
+use roce_xdp::verbs::*;
+use roce_xdp::wire::{Frame, Opcode, Psn};
+use std::net::IpAddr;
+
+fn clean() -> LinkConfig {
+    LinkConfig::default()
+}
+
+fn drain(s: &mut Sim<Engine, Engine>, cqa: u32, cqb: u32, secs: u64) -> (Vec<Wc>, Vec<Wc>) {
+    let (mut wa, mut wb) = (vec![], vec![]);
+    s.run_until(Time(secs * 1_000_000_000), 10_000_000, |_, _| false);
+    while let Some(w) = s.a.poll_cq_one(cqa) {
+        wa.push(w);
+    }
+    while let Some(w) = s.b.poll_cq_one(cqb) {
+        wb.push(w);
+    }
+    (wa, wb)
+}
+
+#[test]
+fn uc_a_lost_packet_drops_only_its_message() {
+    let (a, b, sa, sb) = connected(QpType::Uc, Mtu::Mtu1024, 1 << 20, 10, 20, 3);
+    let mut s = sim(a, b, clean(), clean(), 3);
+    // Lose the middle packet (PSN 10 + 3 + 1) of the second 3-packet message.
+    s.link.filter = Some(Box::new(|dir, f| {
+        dir == 0 && Frame::parse(f).is_ok_and(|f| f.roce().bth().psn() == Psn::new(14))
+    }));
+    for i in 0..3u64 {
+        sa.mem.fill(i as usize * 4096, 3000, i as u8 + 1).unwrap();
+        s.b.post_recv(
+            sb.qpn,
+            &RecvWr::new(100 + i, &[sge(&sb, i as usize * 4096, 4096)]),
+        )
+        .unwrap();
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::send(i, &[sge(&sa, i as usize * 4096, 3000)]),
+        )
+        .unwrap();
+    }
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    // UC sends complete when sent, all three.
+    assert_eq!(wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2]);
+    // Message 2 is lost; message 3 lands in the WQE message 2 would have used.
+    assert_eq!(wb.len(), 2, "{wb:?}");
+    assert_eq!((wb[0].wr_id, wb[0].byte_len), (100, 3000));
+    assert_eq!((wb[1].wr_id, wb[1].byte_len), (101, 3000));
+    assert!(sb.mem.to_vec(4096, 3000).unwrap().iter().all(|&x| x == 3));
+    assert_eq!(s.b.recv_queue_len(sb.qpn), 1);
+    assert!(s.b.counters().drop_uc_msg >= 1);
+    assert_eq!(s.a.counters().retransmitted_pkts, 0, "UC never retransmits");
+}
+
+fn ud_pair() -> (Sim<Engine, Engine>, Side, Side) {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 4);
+    let sa = side(&mut a, QpType::Ud, 1 << 16, 64);
+    let sb = side(&mut b, QpType::Ud, 1 << 16, 64);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Ud,
+        0,
+        IP_B,
+        Mtu::Mtu1024,
+        5,
+        0,
+        |_| {},
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Ud,
+        0,
+        IP_A,
+        Mtu::Mtu1024,
+        6,
+        0,
+        |_| {},
+    );
+    let s = sim(a, b, clean(), clean(), 4);
+    (s, sa, sb)
+}
+
+fn ud_dest(qpn: u32, qkey: u32) -> UdDest {
+    UdDest {
+        ah: AddressVector::new(gid_of(IpAddr::V4(IP_B)), 1),
+        remote_qpn: qpn,
+        remote_qkey: qkey,
+    }
+}
+
+#[test]
+fn ud_delivers_with_grh_and_source_qp_and_checks_the_qkey() {
+    let (mut s, sa, sb) = ud_pair();
+    sa.mem.fill(0, 500, 0x42).unwrap();
+    for i in 0..3 {
+        s.b.post_recv(
+            sb.qpn,
+            &RecvWr::new(i, &[sge(&sb, i as usize * 2048, 2048)]),
+        )
+        .unwrap();
+    }
+    let good = SendWr::send(1, &[sge(&sa, 0, 500)]).with_ud(ud_dest(sb.qpn, 0x11111111));
+    s.a.post_send(sa.qpn, &good.with_imm(77)).unwrap();
+    // A wrong Q_Key is dropped by the receiver.
+    let bad = SendWr::send(2, &[sge(&sa, 0, 500)]).with_ud(ud_dest(sb.qpn, 0x2222));
+    s.a.post_send(sa.qpn, &bad).unwrap();
+    // A privileged Q_Key (top bit set) means the sender's own Q_Key (IBA 10.2.5).
+    let privileged = SendWr::send(3, &[sge(&sa, 0, 500)]).with_ud(ud_dest(sb.qpn, 0x8000_0000));
+    s.a.post_send(sa.qpn, &privileged).unwrap();
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa.len(), 3);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(wb.len(), 2, "{wb:?}");
+    let w = wb[0];
+    assert_eq!(w.byte_len, 540);
+    assert_eq!(w.src_qp, sa.qpn);
+    assert!(w.wc_flags.contains(WcFlags::GRH));
+    assert_eq!(w.imm(), Some(77));
+    // The GRH area: 20 zero bytes, then the IPv4 header of the packet.
+    let grh = sb.mem.to_vec(0, 40).unwrap();
+    assert!(grh[..20].iter().all(|&x| x == 0));
+    assert_eq!(grh[20], 0x45);
+    assert_eq!(&grh[32..36], &IP_A.octets());
+    assert_eq!(&grh[36..40], &IP_B.octets());
+    assert!(sb.mem.to_vec(40, 500).unwrap().iter().all(|&x| x == 0x42));
+    assert_eq!(wb[1].wr_id, 1);
+    assert_eq!(s.b.counters().drop_bad_qkey, 1);
+}
+
+#[test]
+fn ud_too_small_a_buffer_and_no_buffer() {
+    let (mut s, sa, sb) = ud_pair();
+    s.b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 0, 100)]))
+        .unwrap();
+    let w = SendWr::send(1, &[sge(&sa, 0, 500)]).with_ud(ud_dest(sb.qpn, 0x11111111));
+    s.a.post_send(sa.qpn, &w).unwrap();
+    s.a.post_send(sa.qpn, &w).unwrap();
+    let (_, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wb.len(), 1);
+    assert_eq!(wb[0].status, WcStatus::LocLenErr);
+    assert_eq!(s.b.counters().drop_no_recv_wqe, 1);
+    assert_eq!(s.b.qp_state(sb.qpn), Some(QpState::Rts), "UD stays up");
+}
+
+#[test]
+fn srq_is_shared_by_two_qps() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 5);
+    let sa1 = side(&mut a, QpType::Rc, 1 << 16, 64);
+    let sa2 = side(&mut a, QpType::Rc, 1 << 16, 64);
+    let pd = b.alloc_pd().unwrap();
+    let cq = b.create_cq(64).unwrap();
+    let srq = b.create_srq(pd, 16, 4).unwrap();
+    let mem = Memory::new(1 << 16);
+    let mr = b.reg_mr(pd, &mem, 0, 1 << 16, ALL_ACCESS).unwrap();
+    let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
+    init.srq = Some(srq);
+    let qb1 = b.create_qp(&init).unwrap();
+    let qb2 = b.create_qp(&init).unwrap();
+    for (sa, qb) in [(&sa1, qb1), (&sa2, qb2)] {
+        connect(
+            &mut a,
+            sa.qpn,
+            QpType::Rc,
+            qb,
+            IP_B,
+            Mtu::Mtu1024,
+            1,
+            2,
+            |_| {},
+        );
+        connect(
+            &mut b,
+            qb,
+            QpType::Rc,
+            sa.qpn,
+            IP_A,
+            Mtu::Mtu1024,
+            2,
+            1,
+            |_| {},
+        );
+    }
+    for i in 0..4u64 {
+        let g = Sge {
+            addr: mr.addr + i * 1024,
+            length: 1024,
+            lkey: mr.lkey,
+        };
+        b.post_srq_recv(srq, &RecvWr::new(i, &[g])).unwrap();
+    }
+    assert!(
+        b.post_recv(qb1, &RecvWr::new(9, &[])).is_err(),
+        "must post to the SRQ"
+    );
+    a.post_send(sa1.qpn, &SendWr::send(1, &[sge(&sa1, 0, 10)]))
+        .unwrap();
+    a.post_send(sa2.qpn, &SendWr::send(2, &[sge(&sa2, 0, 20)]))
+        .unwrap();
+    let mut s = sim(a, b, clean(), clean(), 5);
+    s.run_until(Time(1_000_000_000), 1_000_000, |_, _| false);
+    let mut got = vec![];
+    while let Some(w) = s.b.poll_cq_one(cq) {
+        got.push((w.qp_num, w.byte_len, w.wr_id));
+    }
+    got.sort();
+    assert_eq!(got, vec![(qb1, 10, 0), (qb2, 20, 1)]);
+    assert!(s.b.destroy_srq(srq).is_err(), "in use");
+}
+
+#[test]
+fn send_with_invalidate_and_local_invalidate() {
+    let (a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 6);
+    let mr = b.reg_mr(sb.pd, &sb.mem, 0, 4096, ALL_ACCESS).unwrap();
+    b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 8192, 64)]))
+        .unwrap();
+    let mut s = sim(a, b, clean(), clean(), 6);
+    let mut w = SendWr::send(1, &[sge(&sa, 0, 16)]).with_opcode(WrOpcode::SendWithInv);
+    w.invalidate_rkey = mr.rkey;
+    s.a.post_send(sa.qpn, &w).unwrap();
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wb[0].invalidated_rkey(), Some(mr.rkey));
+    // The invalidated key no longer grants access.
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(2, &[sge(&sa, 0, 8)], mr.addr, mr.rkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::RemAccessErr);
+
+    // LOCAL_INV on the requester's own region.
+    let (mut a, b, sa, _sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 7);
+    let mr = a.reg_mr(sa.pd, &sa.mem, 0, 4096, ALL_ACCESS).unwrap();
+    let mut inv = SendWr::send(1, &[]).with_opcode(WrOpcode::LocalInv);
+    inv.invalidate_rkey = mr.lkey;
+    a.post_send(sa.qpn, &inv).unwrap();
+    let g = Sge {
+        addr: mr.addr,
+        length: 8,
+        lkey: mr.lkey,
+    };
+    a.post_send(sa.qpn, &SendWr::send(2, &[g])).unwrap();
+    let mut s = sim(a, b, clean(), clean(), 7);
+    let (wa, _) = drain(&mut s, sa.cq, 999, 1);
+    assert_eq!(wa[0].opcode, WcOpcode::LocalInv);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wa[1].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn fence_waits_for_the_read_and_max_rd_atomic_is_honoured() {
+    let (a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 20, 1, 2, 8);
+    let mut s = sim(a, b, clean(), clean(), 8);
+    s.link.tap = Some(vec![]);
+    // Two READs with max_rd_atomic 16, then a fenced WRITE: the WRITE's first packet
+    // leaves only after both READs completed.
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(1, &[sge(&sa, 0, 8192)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(2, &[sge(&sa, 8192, 8192)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let fenced = SendWr::write(3, &[sge(&sa, 0, 100)], sb.mr.addr + 65536, sb.mr.rkey)
+        .with_flags(SendFlags::SIGNALED | SendFlags::FENCE);
+    s.a.post_send(sa.qpn, &fenced).unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa.len(), 3);
+    let frames: Vec<(usize, Opcode)> = s
+        .link
+        .tap
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, (_, f))| Some((i, Frame::parse(f).ok()?.roce().bth().opcode())))
+        .collect();
+    let write_at = frames
+        .iter()
+        .find(|x| x.1 == Opcode::RC_RDMA_WRITE_ONLY)
+        .unwrap()
+        .0;
+    let last_resp = frames
+        .iter()
+        .filter(|x| x.1 == Opcode::RC_RDMA_READ_RESPONSE_LAST)
+        .map(|x| x.0)
+        .max()
+        .unwrap();
+    assert!(
+        write_at > last_resp,
+        "the fenced WRITE went out before the READ finished"
+    );
+    // Both READ requests went out before any response: max_rd_atomic allowed two.
+    let reqs: Vec<usize> = frames
+        .iter()
+        .filter(|x| x.1 == Opcode::RC_RDMA_READ_REQUEST)
+        .map(|x| x.0)
+        .collect();
+    assert_eq!(reqs, [0, 1]);
+}
+
+#[test]
+fn max_rd_atomic_one_serialises_reads() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 10);
+    let sa = side(&mut a, QpType::Rc, 1 << 20, 64);
+    let sb = side(&mut b, QpType::Rc, 1 << 20, 64);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        1,
+        2,
+        |x| x.max_rd_atomic = 1,
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        2,
+        1,
+        |_| {},
+    );
+    let mut s = sim(a, b, clean(), clean(), 10);
+    s.link.tap = Some(vec![]);
+    for i in 0..3 {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::read(i, &[sge(&sa, 0, 4096)], sb.mr.addr, sb.mr.rkey),
+        )
+        .unwrap();
+    }
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa.len(), 3);
+    let ops: Vec<Opcode> = s
+        .link
+        .tap
+        .iter()
+        .flatten()
+        .filter_map(|(_, f)| Some(Frame::parse(f).ok()?.roce().bth().opcode()))
+        .collect();
+    // Each READ request follows the previous READ's last response.
+    let mut outstanding = 0;
+    for op in ops {
+        match op {
+            Opcode::RC_RDMA_READ_REQUEST => {
+                outstanding += 1;
+                assert!(
+                    outstanding <= 1,
+                    "two READs outstanding with max_rd_atomic 1"
+                );
+            }
+            Opcode::RC_RDMA_READ_RESPONSE_LAST => outstanding -= 1,
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn cq_overflow_is_an_error_event_not_silent_loss() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 11);
+    let sa = side(&mut a, QpType::Rc, 1 << 16, 1024);
+    let sb = side(&mut b, QpType::Rc, 1 << 16, 2);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        1,
+        2,
+        |_| {},
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        2,
+        1,
+        |_| {},
+    );
+    for i in 0..4 {
+        b.post_recv(sb.qpn, &RecvWr::new(i, &[sge(&sb, 0, 64)]))
+            .unwrap();
+        a.post_send(sa.qpn, &SendWr::send(i, &[sge(&sa, 0, 8)]))
+            .unwrap();
+    }
+    let mut s = sim(a, b, clean(), clean(), 11);
+    s.run_until(Time(1_000_000_000), 1_000_000, |_, _| false);
+    let mut ev = vec![];
+    while let Some(e) = s.b.poll_event() {
+        ev.push(e);
+    }
+    assert!(ev.contains(&AsyncEvent::CqErr { cq: sb.cq }), "{ev:?}");
+    assert!(ev.contains(&AsyncEvent::QpFatal { qpn: sb.qpn }));
+    assert_eq!(s.b.qp_state(sb.qpn), Some(QpState::Err));
+    assert_eq!(s.b.cq_len(sb.cq), 2);
+}
+
+#[test]
+fn state_machine_rules_and_flush() {
+    let (mut a, _b) = pair(Mtu::Mtu1024, 12);
+    let sa = side(&mut a, QpType::Rc, 4096, 64);
+    let q = sa.qpn;
+    // RESET -> RTR is not a transition.
+    let mut at = QpAttr::default();
+    at.qp_state = QpState::Rtr;
+    let e = a.modify_qp(q, &at, QpAttrMask::STATE).unwrap_err();
+    assert!(e.to_string().contains("from RESET to RTR"), "{e}");
+    // Missing attributes are named.
+    at.qp_state = QpState::Init;
+    let e = a
+        .modify_qp(q, &at, QpAttrMask::STATE | QpAttrMask::PORT)
+        .unwrap_err();
+    assert!(e.to_string().contains("ACCESS_FLAGS|PKEY_INDEX"), "{e}");
+    // Sends need RTS; receives INIT.
+    assert!(a.post_send(q, &SendWr::send(1, &[])).is_err());
+    assert!(a.post_recv(q, &RecvWr::new(1, &[])).is_err());
+    a.modify_qp(
+        q,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    a.post_recv(q, &RecvWr::new(5, &[sge(&sa, 0, 8)])).unwrap();
+    a.post_recv(q, &RecvWr::new(6, &[sge(&sa, 0, 8)])).unwrap();
+    // A path MTU beyond the port's is refused; so is a bad retry count.
+    at.qp_state = QpState::Rtr;
+    at.path_mtu = Mtu::Mtu4096;
+    at.ah_attr = AddressVector::new(gid_of(IpAddr::V4(IP_B)), 1);
+    let rtr = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    at.dest_qp_num = 0x11;
+    assert!(
+        a.modify_qp(q, &at, rtr)
+            .unwrap_err()
+            .to_string()
+            .contains("path_mtu")
+    );
+    at.path_mtu = Mtu::Mtu1024;
+    at.ah_attr.sgid_index = 9;
+    assert_eq!(a.modify_qp(q, &at, rtr).unwrap_err(), Error::BadGidIndex(9));
+    at.ah_attr.sgid_index = 1;
+    a.modify_qp(q, &at, rtr).unwrap();
+    assert_eq!(a.qp_state(q), Some(QpState::Rtr));
+    // ERR flushes both receives.
+    at.qp_state = QpState::Err;
+    a.modify_qp(q, &at, QpAttrMask::STATE).unwrap();
+    let w1 = a.poll_cq_one(sa.cq).unwrap();
+    let w2 = a.poll_cq_one(sa.cq).unwrap();
+    assert_eq!((w1.wr_id, w1.status), (5, WcStatus::WrFlushErr));
+    assert_eq!((w2.wr_id, w2.status), (6, WcStatus::WrFlushErr));
+    // ERR -> RESET -> INIT again.
+    at.qp_state = QpState::Reset;
+    a.modify_qp(q, &at, QpAttrMask::STATE).unwrap();
+    assert_eq!(a.qp_state(q), Some(QpState::Reset));
+    // Objects in use cannot be destroyed.
+    assert!(a.destroy_cq(sa.cq).is_err());
+    assert!(a.dealloc_pd(sa.pd).is_err());
+    a.destroy_qp(q).unwrap();
+    a.dereg_mr(sa.mr.lkey).unwrap();
+    a.destroy_cq(sa.cq).unwrap();
+    a.dealloc_pd(sa.pd).unwrap();
+}
+
+#[test]
+fn reg_mr_rules() {
+    let (mut a, _b) = pair(Mtu::Mtu1024, 13);
+    let pd = a.alloc_pd().unwrap();
+    let m = Memory::new(4096);
+    let e = a
+        .reg_mr(pd, &m, 0, 4096, AccessFlags::REMOTE_WRITE)
+        .unwrap_err();
+    assert!(e.to_string().contains("require LOCAL_WRITE"), "{e}");
+    assert!(
+        a.reg_mr(pd, &m, 100, 4096, AccessFlags::LOCAL_WRITE)
+            .is_err()
+    );
+    let x = a.reg_mr(pd, &m, 0, 4096, ALL_ACCESS).unwrap();
+    let y = a.reg_mr(pd, &m, 0, 4096, ALL_ACCESS).unwrap();
+    assert_ne!(x.rkey, y.rkey);
+    assert_ne!(x.lkey, x.rkey);
+    assert_eq!(x.addr, m.addr());
+}
+
+#[test]
+fn a_thousand_qps_at_once() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 14);
+    let pd_a = a.alloc_pd().unwrap();
+    let pd_b = b.alloc_pd().unwrap();
+    let cq_a = a.create_cq(8192).unwrap();
+    let cq_b = b.create_cq(8192).unwrap();
+    let ma = Memory::new(1000 * 4096);
+    let mb = Memory::new(1000 * 4096);
+    let mra = a.reg_mr(pd_a, &ma, 0, ma.len(), ALL_ACCESS).unwrap();
+    let mrb = b.reg_mr(pd_b, &mb, 0, mb.len(), ALL_ACCESS).unwrap();
+    let mut qps = vec![];
+    for _ in 0..1000 {
+        let qa = a
+            .create_qp(&QpInitAttr::new(QpType::Rc, pd_a, cq_a))
+            .unwrap();
+        let qb = b
+            .create_qp(&QpInitAttr::new(QpType::Rc, pd_b, cq_b))
+            .unwrap();
+        qps.push((qa, qb));
+    }
+    for (i, &(qa, qb)) in qps.iter().enumerate() {
+        let psn = (i as u32 * 7919) & 0xff_ffff;
+        connect(
+            &mut a,
+            qa,
+            QpType::Rc,
+            qb,
+            IP_B,
+            Mtu::Mtu1024,
+            psn,
+            psn ^ 0x5555,
+            |_| {},
+        );
+        connect(
+            &mut b,
+            qb,
+            QpType::Rc,
+            qa,
+            IP_A,
+            Mtu::Mtu1024,
+            psn ^ 0x5555,
+            psn,
+            |_| {},
+        );
+        let off = i as u64 * 4096;
+        ma.fill(off as usize, 2048, (i % 251) as u8).unwrap();
+        let local = Sge {
+            addr: mra.addr + off,
+            length: 2048,
+            lkey: mra.lkey,
+        };
+        let back = Sge {
+            addr: mra.addr + off + 2048,
+            length: 2048,
+            lkey: mra.lkey,
+        };
+        let recv = Sge {
+            addr: mrb.addr + off,
+            length: 2048,
+            lkey: mrb.lkey,
+        };
+        b.post_recv(qb, &RecvWr::new(i as u64, &[recv])).unwrap();
+        a.post_send(qa, &SendWr::send(i as u64, &[local])).unwrap();
+        a.post_send(
+            qa,
+            &SendWr::read(i as u64, &[back], mrb.addr + off, mrb.rkey),
+        )
+        .unwrap();
+    }
+    let mut s = sim(a, b, LinkConfig::lossy(0.01), LinkConfig::lossy(0.01), 14);
+    let (mut na, mut nb) = (0, 0);
+    let stop = s.run_until(Time(60_000_000_000), 50_000_000, |a, b| {
+        while let Some(w) = a.poll_cq_one(cq_a) {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            na += 1;
+        }
+        while let Some(w) = b.poll_cq_one(cq_b) {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            nb += 1;
+        }
+        na == 2000 && nb == 1000
+    });
+    assert_eq!(stop, Stop::Done, "{na} {nb}");
+    for i in 0..1000usize {
+        let want = vec![(i % 251) as u8; 2048];
+        assert!(mb.to_vec(i * 4096, 2048).unwrap() == want);
+        assert!(
+            ma.to_vec(i * 4096 + 2048, 2048).unwrap() == want,
+            "READ back {i}"
+        );
+    }
+    assert_eq!(s.a.qp_count(), 1000);
+}
+
+#[test]
+fn sqd_drains_then_resumes() {
+    let (mut a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 15);
+    a.post_send(
+        sa.qpn,
+        &SendWr::write(1, &[sge(&sa, 0, 4000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let mut s = sim(a, b, clean(), clean(), 15);
+    // Send the first packets, then ask for SQD with the async notification.
+    s.step();
+    let mut at = QpAttr::default();
+    at.qp_state = QpState::Sqd;
+    at.en_sqd_async_notify = true;
+    s.a.modify_qp(
+        sa.qpn,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+    )
+    .unwrap();
+    // A WR posted while draining waits for RTS.
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(2, &[sge(&sa, 0, 100)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.run_until(Time(1_000_000_000), 1_000_000, |_, _| false);
+    let mut ev = vec![];
+    while let Some(e) = s.a.poll_event() {
+        ev.push(e);
+    }
+    assert!(
+        ev.contains(&AsyncEvent::SqDrained { qpn: sa.qpn }),
+        "{ev:?}"
+    );
+    assert_eq!(s.a.poll_cq_one(sa.cq).unwrap().wr_id, 1);
+    assert!(
+        s.a.poll_cq_one(sa.cq).is_none(),
+        "the second WR waits in SQD"
+    );
+    at.qp_state = QpState::Rts;
+    s.a.modify_qp(sa.qpn, &at, QpAttrMask::STATE).unwrap();
+    s.run_until(Time(2_000_000_000), 1_000_000, |_, _| false);
+    assert_eq!(s.a.poll_cq_one(sa.cq).unwrap().wr_id, 2);
+}
+
+#[test]
+fn retry_cnt_7_can_mean_infinite_as_in_rxe() {
+    let mut cfg = config(MAC_A, IP_A, Mtu::Mtu1024, 16);
+    cfg.retry_cnt_7_infinite = true;
+    let mut a = Engine::new(cfg);
+    a.set_neighbor(IpAddr::V4(IP_B), MAC_B);
+    let b = Engine::new(config(MAC_B, IP_B, Mtu::Mtu1024, 17));
+    let sa = side(&mut a, QpType::Rc, 4096, 16);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        0x99,
+        IP_B,
+        Mtu::Mtu1024,
+        1,
+        2,
+        |x| x.timeout = 8,
+    );
+    a.post_send(sa.qpn, &SendWr::send(1, &[sge(&sa, 0, 8)]))
+        .unwrap();
+    let mut s = sim(a, b, clean(), clean(), 16);
+    // 2 s of ~1 ms timeouts: far more than 7 retries, and still not given up.
+    s.run_until(Time(2_000_000_000), 10_000_000, |_, _| false);
+    assert!(s.a.counters().timeouts > 100);
+    assert!(s.a.poll_cq_one(sa.cq).is_none());
+    assert_eq!(s.a.qp_state(sa.qpn), Some(QpState::Rts));
+}
