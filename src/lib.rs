@@ -6,8 +6,11 @@
 pub mod capture;
 pub mod decode;
 pub mod engine;
+pub mod host;
 pub mod link;
+pub mod netns;
 pub mod rng;
+pub mod runtime;
 pub mod time;
 pub mod verbs;
 pub mod wire;

@@ -8,7 +8,7 @@ PKGS=(
     # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts
     clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
     # tests: network namespaces, veth, loss injection, captures
-    iproute2 nftables tcpdump
+    iproute2 nftables tcpdump iputils-ping
 )
 
 missing=()

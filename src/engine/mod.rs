@@ -133,11 +133,16 @@ pub(crate) struct Ctx {
     pub events: VecDeque<AsyncEvent>,
     pub neighbors: HashMap<IpAddr, [u8; 6]>,
     ip_id: u16,
+    /// CQs that got completions since `Engine::take_touched_cqs` last ran.
+    touched_cqs: Vec<u32>,
 }
 
 impl Ctx {
     /// The IPv4 identification of the next frame.
     pub fn next_ip_id(&mut self) -> u16 {
+        if self.cfg.udp_link {
+            return 0;
+        }
         self.ip_id = self.ip_id.wrapping_add(1);
         self.ip_id
     }
@@ -153,6 +158,10 @@ impl Ctx {
                 self.events.push_back(AsyncEvent::CqErr { cq });
             }
             return false;
+        }
+        if !c.touched {
+            c.touched = true;
+            self.touched_cqs.push(cq);
         }
         if let Some(solicited_only) = c.armed
             && (!solicited_only || solicited || wc.status != crate::verbs::WcStatus::Success)
@@ -173,6 +182,8 @@ pub struct Engine {
     ready: VecDeque<u32>,
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     now: Time,
+    /// QPs whose queues or state may have changed since `take_touched_qps`.
+    touched_qps: Vec<u32>,
 }
 
 impl Engine {
@@ -191,6 +202,7 @@ impl Engine {
                 events: VecDeque::new(),
                 neighbors: HashMap::new(),
                 ip_id: 0,
+                touched_cqs: Vec::new(),
                 cfg,
             },
             qps: QpMap::default(),
@@ -198,6 +210,7 @@ impl Engine {
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             now: Time::ZERO,
+            touched_qps: Vec::new(),
         }
     }
 
@@ -723,6 +736,31 @@ impl Engine {
         s
     }
 
+    /// Calls `f(qpn, state, send WQEs finished, receive WQEs finished)` for each QP that
+    /// may have changed since the last call: how a threaded runtime mirrors queue
+    /// occupancy and state without scanning every QP.
+    pub fn take_touched_qps(&mut self, mut f: impl FnMut(u32, QpState, u64, u64)) {
+        for qpn in self.touched_qps.drain(..) {
+            if let Some(q) = self.qps.get_mut(&qpn) {
+                q.touched = false;
+                f(qpn, q.state, q.req.done, q.resp.done);
+            }
+        }
+    }
+
+    /// Calls `f(cq, completion)` for every completion queued on CQs that got some since
+    /// the last call, emptying them: how a threaded runtime hands completions over.
+    pub fn take_touched_cqs(&mut self, mut f: impl FnMut(u32, Wc)) {
+        for cq in self.ctx.touched_cqs.drain(..) {
+            if let Some(c) = self.ctx.cqs.get_mut(cq) {
+                c.touched = false;
+                while let Some(w) = c.entries.pop_front() {
+                    f(cq, w);
+                }
+            }
+        }
+    }
+
     /// Number of QPs.
     pub fn qp_count(&self) -> usize {
         self.qps.len()
@@ -737,6 +775,10 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(&qpn) else {
             return;
         };
+        if !qp.touched {
+            qp.touched = true;
+            self.touched_qps.push(qpn);
+        }
         if !qp.in_ready && qp.wants_tx(now) {
             qp.in_ready = true;
             self.ready.push_back(qpn);

@@ -52,12 +52,16 @@ pub(crate) fn resolve_path(ctx: &Ctx, av: &AddressVector, sport: u16) -> Result<
         .ok_or(Error::BadGidIndex(av.sgid_index))?;
     let src_ip = ip_of(sgid);
     let dst_ip = ip_of(&av.dgid);
-    let dmac = match av.dmac {
-        Some(m) => m,
-        None => *ctx
-            .neighbors
-            .get(&dst_ip)
-            .ok_or(Error::NoNeighbor(dst_ip))?,
+    let dmac = match (av.dmac, ctx.neighbors.get(&dst_ip)) {
+        (Some(m), _) => m,
+        (None, Some(m)) => *m,
+        (None, None) if ctx.cfg.udp_link => crate::link::udp::PEER_MAC,
+        (None, None) => return Err(Error::NoNeighbor(dst_ip)),
+    };
+    let sport = if ctx.cfg.udp_link {
+        crate::wire::ROCE_V2_PORT
+    } else {
+        sport
     };
     let eth = EthRepr {
         dst: dmac,
@@ -128,6 +132,8 @@ pub(crate) struct Qp {
     /// The earliest deadline of this QP in the engine's timer heap.
     pub timer_at: Option<Time>,
     pub comm_est: bool,
+    /// On the engine's list of QPs that may have changed.
+    pub touched: bool,
 }
 
 impl Qp {
@@ -153,6 +159,7 @@ impl Qp {
             in_ready: false,
             timer_at: None,
             comm_est: false,
+            touched: false,
         }
     }
 
@@ -326,8 +333,13 @@ impl Qp {
     /// Back to RESET: every queue emptied without completions, counters of the
     /// connection zeroed (rxe `rxe_qp_reset`).
     fn reset(&mut self, ctx: &mut Ctx) {
+        // Dropped WQEs count as finished, so a runtime mirroring occupancy stays right.
+        let sq_done = self.req.done + self.req.sq.len() as u64;
+        let rq_done = self.resp.done + self.resp.rq.len() as u64;
         self.req = Requester::default();
+        self.req.done = sq_done;
         self.resp.reset(ctx);
+        self.resp.done = rq_done;
         self.path = if self.qp_type == QpType::Ud {
             None
         } else {

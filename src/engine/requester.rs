@@ -79,6 +79,8 @@ pub(crate) struct Requester {
     pub retrying: bool,
     draining: bool,
     drain_notified: bool,
+    /// WQEs that left the send queue (completed or flushed), ever.
+    pub done: u64,
 }
 
 impl Requester {
@@ -136,6 +138,7 @@ impl Requester {
     /// Completes every remaining WQE with WR_FLUSH_ERR (the QP went to ERR or SQE).
     pub fn flush(&mut self, ctx: &mut Ctx, qpn: u32, cq: u32) {
         while let Some(w) = self.sq.pop_front() {
+            self.done += 1;
             let status = match w.state {
                 WqeState::Done(s) => s,
                 _ => WcStatus::WrFlushErr,
@@ -157,6 +160,80 @@ impl Requester {
         self.rnr_until = None;
         self.retrying = false;
     }
+}
+
+/// The checks `ibv_post_send` makes on a WR before queueing it: SGE count, inline data,
+/// message size, opcode allowed on the QP type, atomics' result buffer, UD destination.
+/// Shared by the engine and the threaded runtime, which checks before ringing the
+/// doorbell so that errors come back from the call, as in ibverbs.
+pub fn validate_send_wr(
+    qp_type: QpType,
+    cap: &crate::verbs::QpCap,
+    max_msg_sz: u32,
+    wr: &SendWr,
+) -> Result<(), crate::verbs::Error> {
+    use crate::verbs::Error;
+    let inline = wr.send_flags.contains(SendFlags::INLINE);
+    if !inline && wr.sg_list.len() > cap.max_send_sge as usize {
+        return Err(Error::InvalidWr("more SGEs than the QP's max_send_sge"));
+    }
+    if inline {
+        let d = wr
+            .inline
+            .ok_or(Error::InvalidWr("INLINE set but no inline data"))?;
+        if d.as_slice().len() > cap.max_inline_data as usize {
+            return Err(Error::InvalidWr(
+                "inline data longer than the QP's max_inline_data",
+            ));
+        }
+        if !matches!(
+            wr.opcode,
+            WrOpcode::Send
+                | WrOpcode::SendWithImm
+                | WrOpcode::SendWithInv
+                | WrOpcode::RdmaWrite
+                | WrOpcode::RdmaWriteWithImm
+        ) {
+            return Err(Error::InvalidWr("inline data is only for SEND and WRITE"));
+        }
+    }
+    let length = wr.length();
+    if length > u64::from(max_msg_sz) {
+        return Err(Error::InvalidWr("message longer than max_msg_sz"));
+    }
+    let ud = qp_type == QpType::Ud;
+    match wr.opcode {
+        WrOpcode::Send | WrOpcode::SendWithImm => {}
+        WrOpcode::SendWithInv
+        | WrOpcode::RdmaRead
+        | WrOpcode::AtomicCmpAndSwp
+        | WrOpcode::AtomicFetchAndAdd
+            if qp_type != QpType::Rc =>
+        {
+            return Err(Error::InvalidWr("this opcode needs an RC QP"));
+        }
+        WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if ud => {
+            return Err(Error::InvalidWr("RDMA WRITE needs a connected QP"));
+        }
+        WrOpcode::LocalInv if ud => {
+            return Err(Error::InvalidWr("LOCAL_INV needs a connected QP"));
+        }
+        WrOpcode::BindMw => return Err(Error::InvalidWr("memory windows are not supported")),
+        _ => {}
+    }
+    // A misaligned remote_addr is not refused here: the responder answers it with an
+    // invalid request NAK (IBA 9.4.5), as a real NIC's peer would.
+    if wr.opcode.is_atomic() && (length != 8 || wr.sg_list.len() != 1) {
+        return Err(Error::InvalidWr(
+            "an atomic needs one 8-byte SGE for its result",
+        ));
+    }
+    if ud && wr.ud.is_none() {
+        return Err(Error::InvalidWr(
+            "a UD send needs wr.ud (address and remote QPN)",
+        ));
+    }
+    Ok(())
 }
 
 fn is_send(op: WrOpcode) -> bool {
@@ -212,66 +289,9 @@ impl Qp {
                 depth: self.cap.max_send_wr,
             });
         }
+        validate_send_wr(self.qp_type, &self.cap, ctx.cfg.limits.max_msg_sz, wr)?;
         let inline = wr.send_flags.contains(SendFlags::INLINE);
-        if !inline && wr.sg_list.len() > self.cap.max_send_sge as usize {
-            return Err(Error::InvalidWr("more SGEs than the QP's max_send_sge"));
-        }
-        if inline {
-            let d = wr
-                .inline
-                .ok_or(Error::InvalidWr("INLINE set but no inline data"))?;
-            if d.as_slice().len() > self.cap.max_inline_data as usize {
-                return Err(Error::InvalidWr(
-                    "inline data longer than the QP's max_inline_data",
-                ));
-            }
-            if !matches!(
-                wr.opcode,
-                WrOpcode::Send
-                    | WrOpcode::SendWithImm
-                    | WrOpcode::SendWithInv
-                    | WrOpcode::RdmaWrite
-                    | WrOpcode::RdmaWriteWithImm
-            ) {
-                return Err(Error::InvalidWr("inline data is only for SEND and WRITE"));
-            }
-        }
         let length = wr.length();
-        if length > u64::from(ctx.cfg.limits.max_msg_sz) {
-            return Err(Error::InvalidWr("message longer than max_msg_sz"));
-        }
-        let ud = self.qp_type == QpType::Ud;
-        match wr.opcode {
-            WrOpcode::Send | WrOpcode::SendWithImm => {}
-            WrOpcode::SendWithInv
-            | WrOpcode::RdmaRead
-            | WrOpcode::AtomicCmpAndSwp
-            | WrOpcode::AtomicFetchAndAdd
-                if self.qp_type != QpType::Rc =>
-            {
-                return Err(Error::InvalidWr("this opcode needs an RC QP"));
-            }
-            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm if ud => {
-                return Err(Error::InvalidWr("RDMA WRITE needs a connected QP"));
-            }
-            WrOpcode::LocalInv if ud => {
-                return Err(Error::InvalidWr("LOCAL_INV needs a connected QP"));
-            }
-            WrOpcode::BindMw => return Err(Error::InvalidWr("memory windows are not supported")),
-            _ => {}
-        }
-        // A misaligned remote_addr is not refused here: the responder answers it with an
-        // invalid request NAK (IBA 9.4.5), as a real NIC's peer would.
-        if wr.opcode.is_atomic() && (length != 8 || wr.sg_list.len() != 1) {
-            return Err(Error::InvalidWr(
-                "an atomic needs one 8-byte SGE for its result",
-            ));
-        }
-        if ud && wr.ud.is_none() {
-            return Err(Error::InvalidWr(
-                "a UD send needs wr.ud (address and remote QPN)",
-            ));
-        }
         let write_local = wr.opcode == WrOpcode::RdmaRead || wr.opcode.is_atomic();
         let (segs, seg_err) = if inline {
             (
@@ -316,6 +336,7 @@ impl Qp {
                 break;
             };
             let w = self.req.sq.pop_front().unwrap_or_else(|| unreachable!());
+            self.req.done += 1;
             self.req.cur = self.req.cur.saturating_sub(1);
             if is_send(w.wr.opcode) {
                 ctx.counters.rdma_sends += 1;

@@ -126,6 +126,8 @@ pub(crate) struct Responder {
     out: VecDeque<Out>,
     res: Vec<Option<Resource>>,
     res_next: usize,
+    /// Receive WQEs of the QP's own queue taken or flushed, ever.
+    pub done: u64,
 }
 
 /// Why a request was refused (rxe's ERR_* states, with the NAK each gets).
@@ -169,6 +171,7 @@ impl Responder {
             ctx.post_cqe(cq, wc, false);
         }
         while let Some(w) = self.rq.pop_front() {
+            self.done += 1;
             let wc = Qp::flush_wc(qpn, w.wr_id, WcOpcode::Recv);
             ctx.post_cqe(cq, wc, false);
         }
@@ -216,7 +219,13 @@ impl Qp {
                 }
                 Some(RecvWqe::new(ctx, srq_pd(ctx, s), &w))
             }
-            None => self.resp.rq.pop_front(),
+            None => {
+                let w = self.resp.rq.pop_front();
+                if w.is_some() {
+                    self.resp.done += 1;
+                }
+                w
+            }
         }
     }
 
@@ -237,7 +246,10 @@ impl Qp {
                 let wc = Wc::new(self.qpn, w.wr_id, WcOpcode::Recv, WcStatus::RemInvReqErr);
                 ctx.post_cqe(self.recv_cq, wc, false);
             }
-            None => self.resp.rq.push_front(w),
+            None => {
+                self.resp.done -= 1;
+                self.resp.rq.push_front(w);
+            }
         }
     }
 

@@ -3,7 +3,10 @@
 //! - [`sim`]: an in-memory network with seeded delay, loss, reordering, duplication,
 //!   corruption and bandwidth limits, driving any number of [`Node`]s on simulated time.
 
+pub mod bpf;
 pub mod sim;
+pub mod udp;
+pub mod xdp;
 
 use crate::time::Time;
 
@@ -18,4 +21,20 @@ pub trait Node {
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize>;
     /// When `handle_timeout` must next be called, if ever.
     fn poll_timeout(&self) -> Option<Time>;
+}
+
+/// A link that moves whole Ethernet frames: what the runtime drives (AF_XDP, or UDP
+/// sockets standing in for one).
+pub trait FrameLink: Send {
+    /// Receives up to `max` frames, handing each, contiguous, to `f`. Returns how many.
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize;
+    /// Sends frames that `fill` writes into the buffer it is given (returning the length,
+    /// or `None` when there is nothing more to send), as many as the rings take.
+    fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize;
+    /// Pushes out anything queued and reaps transmit completions.
+    fn flush(&mut self);
+    /// File descriptors that become readable when frames arrive (for idle sleeps).
+    fn fds(&self) -> Vec<std::os::fd::RawFd>;
+    /// One line for logs: which link, which modes.
+    fn describe(&self) -> String;
 }

@@ -16,6 +16,8 @@ pub struct Cq {
     pub(crate) armed: Option<bool>,
     /// QPs that use this CQ (destroying it is refused while any does).
     pub(crate) users: u32,
+    /// On the engine's list of CQs with new completions.
+    pub(crate) touched: bool,
 }
 
 impl Cq {
@@ -27,6 +29,7 @@ impl Cq {
             overflowed: false,
             armed: None,
             users: 0,
+            touched: false,
         }
     }
 

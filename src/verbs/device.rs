@@ -117,6 +117,10 @@ pub struct DeviceConfig {
     /// AckReq is set at least every this many packets of a long message (rxe:
     /// RXE_MAX_UNACKED_PSNS = 128).
     pub ack_req_interval: u32,
+    /// Frames go out through a UDP socket (`link::udp`), whose kernel writes the IP and
+    /// UDP headers: build them as it will (source port 4791, IPv4 ID 0), so the ICRC
+    /// matches what goes on the wire, and address peers to a placeholder MAC.
+    pub udp_link: bool,
 }
 
 impl DeviceConfig {
@@ -132,6 +136,7 @@ impl DeviceConfig {
             retry_cnt_7_infinite: false,
             max_inflight_psns: 128,
             ack_req_interval: 128,
+            udp_link: false,
         }
     }
 

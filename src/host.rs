@@ -1,0 +1,376 @@
+//! What the runtime asks of the host: interfaces, addresses, MTU, queues, neighbours,
+//! privileges, network namespaces. Linux only; everything read from /sys, /proc,
+//! getifaddrs(3) or iproute2, so nothing here needs more than the caller's rights.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// An interface by name, checked to exist.
+#[derive(Debug, Clone)]
+pub struct Interface {
+    pub name: String,
+    pub index: u32,
+}
+
+/// Why a host query failed, in words the user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("interface {0} does not exist (see `ip link`)")]
+    NoInterface(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> HostError {
+    let what = what.into();
+    move |source| HostError::Io { what, source }
+}
+
+impl Interface {
+    pub fn find(name: &str) -> Result<Interface, HostError> {
+        let c = CString::new(name).map_err(|_| HostError::NoInterface(name.into()))?;
+        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+        let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if index == 0 {
+            return Err(HostError::NoInterface(name.into()));
+        }
+        Ok(Interface {
+            name: name.into(),
+            index,
+        })
+    }
+
+    /// An `ifreq` ioctl on a datagram socket of the calling thread's namespace (sysfs
+    /// shows the namespace it was mounted in, not the thread's, so it is not used).
+    fn ioctl(&self, req: libc::c_ulong, ifr: &mut libc::ifreq) -> Result<(), HostError> {
+        let name = self.name.as_bytes();
+        if name.len() >= ifr.ifr_name.len() {
+            return Err(HostError::NoInterface(self.name.clone()));
+        }
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: socket(2) takes no pointers.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(HostError::Io {
+                what: "socket".into(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `ifr` is a valid ifreq for this request; `fd` is ours.
+        let r = unsafe { libc::ioctl(fd, req, ifr as *mut libc::ifreq) };
+        let err = io::Error::last_os_error();
+        // SAFETY: closing our own socket once.
+        unsafe { libc::close(fd) };
+        if r < 0 {
+            return Err(HostError::Io {
+                what: format!("ioctl on {}", self.name),
+                source: err,
+            });
+        }
+        Ok(())
+    }
+
+    /// The interface's MTU (the IP MTU).
+    pub fn mtu(&self) -> Result<u32, HostError> {
+        // SAFETY: ifreq is plain data; zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        self.ioctl(libc::SIOCGIFMTU, &mut ifr)?;
+        // SAFETY: SIOCGIFMTU fills the ifru_mtu member.
+        Ok(unsafe { ifr.ifr_ifru.ifru_mtu } as u32)
+    }
+
+    pub fn mac(&self) -> Result<[u8; 6], HostError> {
+        // SAFETY: ifreq is plain data; zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        self.ioctl(libc::SIOCGIFHWADDR, &mut ifr)?;
+        // SAFETY: SIOCGIFHWADDR fills the ifru_hwaddr member.
+        let sa = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+        let mut m = [0u8; 6];
+        for (d, s) in m.iter_mut().zip(sa.sa_data.iter()) {
+            *d = *s as u8;
+        }
+        Ok(m)
+    }
+
+    /// Number of receive queues (ethtool channels; 1 if the driver does not say).
+    pub fn rx_queues(&self) -> usize {
+        #[repr(C)]
+        #[derive(Default)]
+        struct Channels {
+            cmd: u32,
+            max_rx: u32,
+            max_tx: u32,
+            max_other: u32,
+            max_combined: u32,
+            rx_count: u32,
+            tx_count: u32,
+            other_count: u32,
+            combined_count: u32,
+        }
+        const ETHTOOL_GCHANNELS: u32 = 0x3c;
+        let mut ch = Channels {
+            cmd: ETHTOOL_GCHANNELS,
+            ..Channels::default()
+        };
+        // SAFETY: ifreq is plain data; zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        ifr.ifr_ifru.ifru_data = (&mut ch as *mut Channels).cast();
+        if self.ioctl(libc::SIOCETHTOOL, &mut ifr).is_err() {
+            return 1;
+        }
+        (ch.rx_count.max(ch.combined_count) as usize).max(1)
+    }
+
+    /// The addresses configured on the interface.
+    pub fn addresses(&self) -> Result<Vec<IpAddr>, HostError> {
+        let mut out = Vec::new();
+        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs writes a list head into `ifap`; freed with freeifaddrs below.
+        if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+            return Err(HostError::Io {
+                what: "getifaddrs".into(),
+                source: io::Error::last_os_error(),
+            });
+        }
+        let mut p = ifap;
+        while !p.is_null() {
+            // SAFETY: `p` is a node of the list getifaddrs returned, not yet freed.
+            let ifa = unsafe { &*p };
+            p = ifa.ifa_next;
+            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+                continue;
+            }
+            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+            if name.to_bytes() != self.name.as_bytes() {
+                continue;
+            }
+            // SAFETY: ifa_addr is non-null; its family says which sockaddr it is.
+            let fam = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if fam == libc::AF_INET {
+                // SAFETY: family AF_INET means a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))));
+            } else if fam == libc::AF_INET6 {
+                // SAFETY: family AF_INET6 means a sockaddr_in6.
+                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+        }
+        // SAFETY: `ifap` came from getifaddrs and is freed once.
+        unsafe { libc::freeifaddrs(ifap) };
+        Ok(out)
+    }
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut m = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut m {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(m)
+}
+
+/// The kernel's neighbour entry for `ip` on `ifname`, if it has a usable one.
+pub fn neighbor(ifname: &str, ip: IpAddr) -> Option<[u8; 6]> {
+    match ip {
+        IpAddr::V4(v4) => {
+            // /proc/net/arp: IP address, HW type, Flags, HW address, Mask, Device
+            // thread-self: the calling thread's namespace, which may not be the process's.
+            let t = fs::read_to_string("/proc/thread-self/net/arp").ok()?;
+            t.lines().skip(1).find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let complete = f.get(2).is_some_and(|fl| {
+                    u32::from_str_radix(fl.trim_start_matches("0x"), 16).is_ok_and(|v| v & 2 != 0)
+                });
+                (f.len() >= 6 && f[5] == ifname && f[0].parse() == Ok(v4) && complete)
+                    .then(|| parse_mac(f[3]))
+                    .flatten()
+            })
+        }
+        IpAddr::V6(v6) => {
+            let out = std::process::Command::new("ip")
+                .args(["-6", "neigh", "show", &v6.to_string(), "dev", ifname])
+                .output()
+                .ok()?;
+            let t = String::from_utf8_lossy(&out.stdout);
+            let f: Vec<&str> = t.split_whitespace().collect();
+            let i = f.iter().position(|w| *w == "lladdr")?;
+            parse_mac(f.get(i + 1)?)
+        }
+    }
+}
+
+/// The MAC of `ip`: from the neighbour table, or after making the kernel resolve it (a
+/// datagram to the discard port starts ARP or ND) and waiting up to `wait`.
+pub fn resolve_neighbor(ifname: &str, ip: IpAddr, wait: Duration) -> Option<[u8; 6]> {
+    if let Some(m) = neighbor(ifname, ip) {
+        return Some(m);
+    }
+    let bind: IpAddr = match ip {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let start = Instant::now();
+    let mut last_kick = None::<Instant>;
+    while start.elapsed() < wait {
+        if last_kick.is_none_or(|t| t.elapsed() > Duration::from_millis(200))
+            && let Ok(s) = UdpSocket::bind((bind, 0))
+        {
+            let _ = s.send_to(b"roce-xdp neighbour probe", (ip, 9));
+            last_kick = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        if let Some(m) = neighbor(ifname, ip) {
+            return Some(m);
+        }
+    }
+    None
+}
+
+/// Linux capabilities the engine needs, by bit number.
+pub mod cap {
+    pub const NET_ADMIN: u32 = 12;
+    pub const NET_RAW: u32 = 13;
+    pub const IPC_LOCK: u32 = 14;
+    pub const SYS_ADMIN: u32 = 21;
+    pub const PERFMON: u32 = 38;
+    pub const BPF: u32 = 39;
+}
+
+/// The effective capability set of this process.
+pub fn effective_caps() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Checks the privileges AF_XDP and XDP need; the error names the missing ones.
+pub fn check_xdp_privileges() -> Result<(), String> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    let mut missing = Vec::new();
+    if !has(cap::NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN (attach the XDP program)");
+    }
+    if !has(cap::NET_RAW) {
+        missing.push("CAP_NET_RAW (open AF_XDP sockets)");
+    }
+    if !has(cap::BPF) && !has(cap::SYS_ADMIN) {
+        missing.push("CAP_BPF (load the XDP program and its maps)");
+    }
+    if !has(cap::PERFMON) && !has(cap::SYS_ADMIN) {
+        missing.push("CAP_PERFMON (BPF programs that read packet memory)");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "missing privileges: {}. Run as root, or grant them (e.g. setcap cap_net_admin,cap_net_raw,cap_bpf,cap_perfmon,cap_ipc_lock+ep roce-xdp), or use the UDP link (--link udp)",
+            missing.join(", ")
+        ))
+    }
+}
+
+/// Raises RLIMIT_MEMLOCK so the UMEM can be pinned; without CAP_IPC_LOCK the hard limit
+/// bounds it, and the error says so.
+pub fn raise_memlock(need: u64) -> Result<(), String> {
+    // With CAP_IPC_LOCK the kernel does not charge the UMEM to RLIMIT_MEMLOCK.
+    if effective_caps() & (1u64 << cap::IPC_LOCK) != 0 {
+        return Ok(());
+    }
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit to write into.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
+    if r.rlim_cur == libc::RLIM_INFINITY || r.rlim_cur >= need {
+        return Ok(());
+    }
+    let want = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: `want` is a valid rlimit.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &want) } == 0 {
+        return Ok(());
+    }
+    let capped = libc::rlimit {
+        rlim_cur: r.rlim_max,
+        rlim_max: r.rlim_max,
+    };
+    // SAFETY: as above.
+    if r.rlim_max >= need && unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &capped) } == 0 {
+        return Ok(());
+    }
+    Err(format!(
+        "RLIMIT_MEMLOCK is {} bytes, the UMEM needs {need}: grant CAP_IPC_LOCK or raise the limit (ulimit -l)",
+        r.rlim_cur
+    ))
+}
+
+/// Moves the calling thread into the named network namespace (`ip netns add NAME`).
+pub fn enter_netns(name: &str) -> Result<(), HostError> {
+    let path = format!("/var/run/netns/{name}");
+    let f = fs::File::open(&path).map_err(io_err(format!("network namespace {name}")))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: `f` is an open namespace file; setns only changes this thread's namespace.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(HostError::Io {
+            what: format!("entering network namespace {name}"),
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// True when running with root's effective UID.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_and_loopback() {
+        assert_eq!(
+            parse_mac("52:54:00:00:00:0a"),
+            Some([0x52, 0x54, 0, 0, 0, 0xa])
+        );
+        assert_eq!(parse_mac("52:54:00:00:00"), None);
+        assert_eq!(parse_mac("52:54:00:00:00:0a:01"), None);
+        let lo = Interface::find("lo").unwrap();
+        assert!(lo.index > 0);
+        assert!(lo.mtu().unwrap() >= 1500);
+        assert!(
+            lo.addresses()
+                .unwrap()
+                .contains(&IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        assert!(Interface::find("no-such-if0").is_err());
+    }
+}

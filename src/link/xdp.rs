@@ -1,0 +1,450 @@
+//! The AF_XDP link: one socket per receive queue, fed by the XDP program, on a UMEM of
+//! its own (xsk-rs).
+//!
+//! Each UMEM is split: half its frames wait in the fill ring for received frames, half
+//! are free for transmission. Rings are worked in batches; `need_wakeup` keeps the
+//! kernel from being kicked when it is already busy. A frame that fits one UMEM frame is
+//! parsed in place on receive and built in place on transmit, so its payload is copied
+//! once between the wire and registered memory. A larger one (RoCE path MTU 4096 needs
+//! about 4170 bytes, more than a 4096-byte UMEM frame minus its headroom) is chained
+//! over several buffers (`XDP_USE_SG`, `XDP_PKT_CONTD`) and goes through a scratch
+//! buffer: one extra copy, measured and noted in the README.
+
+use super::FrameLink;
+use super::bpf::XdpProgram;
+use crate::host::Interface;
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::os::fd::{AsRawFd, RawFd};
+use xsk_rs::config::{
+    BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig, XdpFlags,
+};
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
+
+/// How to set up the link.
+#[derive(Debug, Clone)]
+pub struct XdpConfig {
+    /// Receive queues to bind a socket on (default: all of the interface's).
+    pub queues: Option<Vec<u32>>,
+    /// UMEM frame size: 2048 or 4096.
+    pub frame_size: u32,
+    /// Frames per UMEM (one UMEM per queue).
+    pub frames: u32,
+    /// Ring entries worked per batch.
+    pub batch: usize,
+    /// `Some(true)`: zero-copy or fail; `Some(false)`: copy mode; `None`: zero-copy if
+    /// the driver supports it, else copy.
+    pub zero_copy: Option<bool>,
+    /// Use the multi-buffer program and sockets; `None` decides from the MTU.
+    pub multi_buffer: Option<bool>,
+}
+
+impl Default for XdpConfig {
+    fn default() -> Self {
+        XdpConfig {
+            queues: None,
+            frame_size: 4096,
+            frames: 4096,
+            batch: 64,
+            zero_copy: None,
+            multi_buffer: None,
+        }
+    }
+}
+
+struct Queue {
+    id: u32,
+    umem: Umem,
+    tx: TxQueue,
+    rx: RxQueue,
+    fq: FillQueue,
+    cq: CompQueue,
+    free_tx: Vec<FrameDesc>,
+    /// Scratch for consumed descriptors.
+    descs: Vec<FrameDesc>,
+    /// Descriptors to give back to the fill ring.
+    refill: Vec<FrameDesc>,
+    /// Descriptors filled, to put on the TX ring.
+    pending_tx: Vec<FrameDesc>,
+    zero_copy: bool,
+    fd: RawFd,
+}
+
+/// What the link has done.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct XdpLinkStats {
+    pub rx_frames: u64,
+    pub tx_frames: u64,
+    pub rx_multi_buffer: u64,
+    pub tx_multi_buffer: u64,
+    /// Frames dropped because a chained frame was longer than the scratch buffer.
+    pub rx_too_long: u64,
+    /// Transmissions that found no free UMEM frame or ring slot.
+    pub tx_ring_full: u64,
+}
+
+/// An AF_XDP link on one interface.
+pub struct XdpLink {
+    ifc: Interface,
+    prog: XdpProgram,
+    queues: Vec<Queue>,
+    /// Bytes of frame data one UMEM frame holds.
+    frame_mtu: usize,
+    batch: usize,
+    scratch: Vec<u8>,
+    next_tx_queue: usize,
+    pub stats: XdpLinkStats,
+}
+
+/// Largest frame the link carries (jumbo 9000 plus Ethernet and VLAN headers).
+pub const MAX_FRAME: usize = 9022;
+
+fn qsize(n: u32) -> Result<QueueSize, String> {
+    QueueSize::new(n).map_err(|e| format!("ring size {n}: {e}"))
+}
+
+impl XdpLink {
+    /// Attaches the XDP program to `ifname` for `addrs` and binds the sockets.
+    pub fn open(ifname: &str, addrs: &[IpAddr], cfg: &XdpConfig) -> Result<XdpLink, String> {
+        let ifc = Interface::find(ifname).map_err(|e| e.to_string())?;
+        crate::host::check_xdp_privileges()?;
+        let mtu = ifc.mtu().map_err(|e| e.to_string())? as usize;
+        if cfg.frame_size != 2048 && cfg.frame_size != 4096 {
+            return Err(format!("frame size {} (use 2048 or 4096)", cfg.frame_size));
+        }
+        let umem_cfg = UmemConfig::builder()
+            .frame_size(FrameSize::new(cfg.frame_size).map_err(|e| e.to_string())?)
+            .fill_queue_size(qsize(cfg.frames / 2)?)
+            .comp_queue_size(qsize(cfg.frames / 2)?)
+            .build()
+            .map_err(|e| format!("UMEM config: {e}"))?;
+        let frame_mtu = umem_cfg.mtu() as usize;
+        // Ethernet header and a possible VLAN tag on top of the IP MTU.
+        let frags = cfg.multi_buffer.unwrap_or(mtu + 18 > frame_mtu);
+        if !frags && mtu + 18 > frame_mtu {
+            return Err(format!(
+                "MTU {mtu} of {ifname} needs frames of {} bytes, more than a {}-byte UMEM frame holds: enable multi-buffer (or lower the MTU)",
+                mtu + 18,
+                frame_mtu
+            ));
+        }
+        let bytes = u64::from(cfg.frames) * u64::from(cfg.frame_size) * ifc.rx_queues() as u64;
+        crate::host::raise_memlock(bytes)?;
+        let prog = XdpProgram::attach(&ifc, addrs, frags)?;
+        let ids: Vec<u32> = match &cfg.queues {
+            Some(q) => q.clone(),
+            None => (0..ifc.rx_queues() as u32).collect(),
+        };
+        let mut queues = Vec::new();
+        for id in ids {
+            let q = Self::open_queue(&ifc, id, &umem_cfg, cfg, frags)?;
+            prog.register(id, q.fd)?;
+            tracing::info!(
+                "AF_XDP socket on {} queue {}: {} mode, XDP {}{}",
+                ifc.name,
+                id,
+                if q.zero_copy { "zero-copy" } else { "copy" },
+                prog.mode,
+                if frags { ", multi-buffer" } else { "" }
+            );
+            queues.push(q);
+        }
+        Ok(XdpLink {
+            ifc,
+            prog,
+            queues,
+            frame_mtu,
+            batch: cfg.batch.max(1),
+            scratch: vec![0u8; MAX_FRAME],
+            next_tx_queue: 0,
+            stats: XdpLinkStats::default(),
+        })
+    }
+
+    fn open_queue(
+        ifc: &Interface,
+        id: u32,
+        umem_cfg: &UmemConfig,
+        cfg: &XdpConfig,
+        frags: bool,
+    ) -> Result<Queue, String> {
+        let count = NonZeroU32::new(cfg.frames).ok_or("zero UMEM frames")?;
+        let (umem, mut descs) =
+            Umem::new(*umem_cfg, count, false).map_err(|e| format!("creating the UMEM: {e}"))?;
+        let iface = ifc
+            .name
+            .parse()
+            .map_err(|_| format!("bad interface name {}", ifc.name))?;
+        let mut base = BindFlags::XDP_USE_NEED_WAKEUP;
+        if frags {
+            base |= BindFlags::XDP_USE_SG;
+        }
+        let sock_cfg = |mode: BindFlags| {
+            SocketConfig::builder()
+                .rx_queue_size(qsize(cfg.frames / 2).unwrap_or_else(|_| unreachable!()))
+                .tx_queue_size(qsize(cfg.frames / 2).unwrap_or_else(|_| unreachable!()))
+                .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+                .xdp_flags(XdpFlags::empty())
+                .bind_flags(base | mode)
+                .build()
+        };
+        let try_bind = |mode: BindFlags| {
+            // SAFETY: the UMEM outlives the socket (both live in `Queue`, the UMEM is
+            // reference counted by xsk-rs), and this UMEM is bound to one socket only.
+            unsafe { Socket::new(sock_cfg(mode), &umem, &iface, id) }
+        };
+        let (sock, zero_copy) = match cfg.zero_copy {
+            Some(true) => (
+                try_bind(BindFlags::XDP_ZEROCOPY)
+                    .map_err(|e| format!("zero-copy bind on {} queue {id}: {e}", ifc.name))?,
+                true,
+            ),
+            Some(false) => (
+                try_bind(BindFlags::XDP_COPY)
+                    .map_err(|e| format!("AF_XDP bind on {} queue {id}: {e}", ifc.name))?,
+                false,
+            ),
+            None => match try_bind(BindFlags::XDP_ZEROCOPY) {
+                Ok(s) => (s, true),
+                Err(e) => {
+                    tracing::info!(
+                        "zero-copy refused on {} queue {id} ({e}); using copy mode",
+                        ifc.name
+                    );
+                    (
+                        try_bind(BindFlags::XDP_COPY)
+                            .map_err(|e| format!("AF_XDP bind on {} queue {id}: {e}", ifc.name))?,
+                        false,
+                    )
+                }
+            },
+        };
+        let (tx, rx, rings) = sock;
+        let (mut fq, cq) = rings.ok_or("the UMEM came without fill and completion rings")?;
+        let half = descs.len() / 2;
+        let free_tx = descs.split_off(half);
+        // SAFETY: these frames belong to this UMEM and nothing else uses them now.
+        let n = unsafe { fq.produce(&descs) };
+        if n != descs.len() {
+            return Err(format!("fill ring took {n} of {} frames", descs.len()));
+        }
+        let fd = rx.fd().as_raw_fd();
+        Ok(Queue {
+            id,
+            umem,
+            tx,
+            rx,
+            fq,
+            cq,
+            free_tx,
+            descs: vec![FrameDesc::default(); cfg.batch.max(1)],
+            refill: Vec::with_capacity(cfg.batch.max(1) * 4),
+            pending_tx: Vec::with_capacity(cfg.batch.max(1) * 4),
+            zero_copy,
+            fd,
+        })
+    }
+
+    /// The XDP program's counters.
+    pub fn xdp_stats(&self) -> super::bpf::XdpStats {
+        self.prog.stats()
+    }
+
+    /// True when frames are chained over several buffers (`XDP_USE_SG`).
+    pub fn multi_buffer(&self) -> bool {
+        self.prog.frags
+    }
+
+    fn reap_completions(q: &mut Queue) {
+        loop {
+            // SAFETY: completed frames go back to our free list; the kernel is done
+            // with them.
+            let n = unsafe { q.cq.consume(&mut q.descs) };
+            if n == 0 {
+                break;
+            }
+            q.free_tx.extend_from_slice(&q.descs[..n]);
+        }
+    }
+}
+
+impl FrameLink for XdpLink {
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+        let mut total = 0;
+        let batch = self.batch;
+        for q in &mut self.queues {
+            let want = batch.min(max.saturating_sub(total));
+            if want == 0 {
+                break;
+            }
+            // SAFETY: `descs` is our scratch; consumed descriptors describe frames of this
+            // UMEM the kernel has handed over until we put them back in the fill ring.
+            let n = unsafe { q.rx.consume(&mut q.descs[..want]) };
+            let mut chain_len = 0usize;
+            let mut chain_bad = false;
+            for i in 0..n {
+                let d = q.descs[i];
+                // SAFETY: the frame is ours (consumed from the RX ring, not yet refilled).
+                let data = unsafe { q.umem.data(&d) }.contents();
+                if d.has_more_frames() || chain_len > 0 {
+                    // Part of a chained frame: gather it in the scratch buffer.
+                    if chain_len + data.len() <= self.scratch.len() {
+                        self.scratch[chain_len..chain_len + data.len()].copy_from_slice(data);
+                    } else {
+                        chain_bad = true;
+                    }
+                    chain_len += data.len();
+                    if !d.has_more_frames() {
+                        if chain_bad {
+                            self.stats.rx_too_long += 1;
+                        } else {
+                            self.stats.rx_multi_buffer += 1;
+                            f(&self.scratch[..chain_len]);
+                        }
+                        chain_len = 0;
+                        chain_bad = false;
+                        total += 1;
+                    }
+                } else {
+                    f(data);
+                    total += 1;
+                }
+                q.refill.push(d);
+            }
+            if !q.refill.is_empty() {
+                // SAFETY: these frames are ours and done with; they go back to the kernel.
+                let m = unsafe { q.fq.produce(&q.refill) };
+                q.refill.drain(..m);
+                if q.fq.needs_wakeup() {
+                    let _ = q.fq.wakeup(q.rx.fd_mut(), 0);
+                }
+            }
+        }
+        self.stats.rx_frames += total as u64;
+        total
+    }
+
+    fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let nq = self.queues.len();
+        if nq == 0 {
+            return 0;
+        }
+        let qi = self.next_tx_queue % nq;
+        self.next_tx_queue = self.next_tx_queue.wrapping_add(1);
+        let frame_mtu = self.frame_mtu;
+        let batch = self.batch;
+        let q = &mut self.queues[qi];
+        Self::reap_completions(q);
+        let multi = self.prog.frags;
+        // A frame needs up to this many buffers.
+        let need = if multi {
+            MAX_FRAME.div_ceil(frame_mtu)
+        } else {
+            1
+        };
+        let mut sent = 0;
+        while sent < batch {
+            if q.free_tx.len() < need || q.tx.nb_free(need as u32) < need as u32 {
+                self.stats.tx_ring_full += 1;
+                break;
+            }
+            if multi {
+                // Frames may be larger than one UMEM frame: build in the scratch buffer,
+                // then chain as many buffers as the frame needs.
+                let Some(n) = fill(&mut self.scratch) else {
+                    break;
+                };
+                let chunks = n.div_ceil(frame_mtu).max(1);
+                for (k, chunk) in self.scratch[..n].chunks(frame_mtu).enumerate() {
+                    let mut d = q.free_tx.pop().unwrap_or_else(|| unreachable!());
+                    // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
+                    unsafe {
+                        let mut data = q.umem.data_mut(&mut d);
+                        let mut cur = data.cursor();
+                        cur.set_pos(0);
+                        use std::io::Write;
+                        let _ = cur.write_all(chunk);
+                    }
+                    d.set_options(if k + 1 < chunks { 1 } else { 0 });
+                    q.pending_tx.push(d);
+                }
+                if chunks > 1 {
+                    self.stats.tx_multi_buffer += 1;
+                }
+            } else {
+                let mut d = q.free_tx.pop().unwrap_or_else(|| unreachable!());
+                // Built in place: the payload is copied once, from registered memory.
+                // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
+                let n = unsafe {
+                    let mut data = q.umem.data_mut(&mut d);
+                    let mut cur = data.cursor();
+                    let cap = cur.buf_len();
+                    cur.set_pos(cap);
+                    fill(data.contents_mut())
+                };
+                let Some(n) = n else {
+                    q.free_tx.push(d);
+                    break;
+                };
+                // SAFETY: as above.
+                unsafe { q.umem.data_mut(&mut d).cursor().set_pos(n) };
+                d.set_options(0);
+                q.pending_tx.push(d);
+            }
+            sent += 1;
+        }
+        if !q.pending_tx.is_empty() {
+            // SAFETY: the descriptors describe filled frames of this UMEM.
+            let m = unsafe { q.tx.produce(&q.pending_tx) };
+            q.pending_tx.drain(..m);
+        }
+        if q.tx.needs_wakeup() {
+            let _ = q.tx.wakeup();
+        }
+        self.stats.tx_frames += sent as u64;
+        sent
+    }
+
+    fn flush(&mut self) {
+        for q in &mut self.queues {
+            if !q.pending_tx.is_empty() {
+                // SAFETY: as in `send`.
+                let m = unsafe { q.tx.produce(&q.pending_tx) };
+                q.pending_tx.drain(..m);
+            }
+            if q.tx.needs_wakeup() {
+                let _ = q.tx.wakeup();
+            }
+            Self::reap_completions(q);
+        }
+    }
+
+    fn fds(&self) -> Vec<RawFd> {
+        self.queues.iter().map(|q| q.fd).collect()
+    }
+
+    fn describe(&self) -> String {
+        let q: Vec<String> = self
+            .queues
+            .iter()
+            .map(|q| {
+                format!(
+                    "queue {} {}",
+                    q.id,
+                    if q.zero_copy { "zero-copy" } else { "copy" }
+                )
+            })
+            .collect();
+        format!(
+            "AF_XDP on {} ({}; XDP {}{})",
+            self.ifc.name,
+            q.join(", "),
+            self.prog.mode,
+            if self.prog.frags {
+                ", multi-buffer"
+            } else {
+                ""
+            }
+        )
+    }
+}

@@ -1,0 +1,129 @@
+//! Private network namespaces joined by a veth pair: what `demo` and the tests run in.
+//!
+//! Everything is created with iproute2 under names that carry the process ID, and
+//! removed when the value is dropped (also when a test fails and unwinds). Addresses come
+//! from 198.18.0.0/15, the benchmarking range, so nothing here can reach a real network.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// Runs a command, failing with its stderr if it fails.
+pub fn run(args: &[&str]) -> Result<Output, String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`{}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(out)
+}
+
+/// A named network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// Creates `prefix-PID-N` with its loopback up.
+    pub fn new(prefix: &str) -> Result<Netns, String> {
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        );
+        run(&["ip", "netns", "add", &name])?;
+        let ns = Netns { name };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Runs a command inside the namespace.
+    pub fn exec(&self, args: &[&str]) -> Result<Output, String> {
+        let mut v = vec!["ip", "netns", "exec", &self.name];
+        v.extend_from_slice(args);
+        run(&v)
+    }
+
+    /// A `Command` that runs inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// Two namespaces joined by a veth pair: `a` holds `ifname` with `ip_a`, `b` holds
+/// `ifname` with `ip_b`.
+#[derive(Debug)]
+pub struct Pair {
+    pub a: Netns,
+    pub b: Netns,
+    pub ifname: String,
+    pub ip_a: Ipv4Addr,
+    pub ip_b: Ipv4Addr,
+    pub mtu: u32,
+}
+
+impl Pair {
+    /// Creates the namespaces and the link, addresses in 198.18.0.0/24 (`.1` and `.2`
+    /// unless `third_octet` moves them to 198.18.N.0/24), MTU `mtu`, both ends up.
+    pub fn new(prefix: &str, third_octet: u8, mtu: u32) -> Result<Pair, String> {
+        let a = Netns::new(&format!("{prefix}a"))?;
+        let b = Netns::new(&format!("{prefix}b"))?;
+        let ifname = "veth0".to_string();
+        let ip_a = Ipv4Addr::new(198, 18, third_octet, 1);
+        let ip_b = Ipv4Addr::new(198, 18, third_octet, 2);
+        let peer = format!("vp{}", SEQ.fetch_add(1, Ordering::SeqCst));
+        a.exec(&[
+            "ip", "link", "add", &ifname, "type", "veth", "peer", "name", &peer, "netns", &b.name,
+        ])?;
+        b.exec(&["ip", "link", "set", &peer, "name", &ifname])?;
+        for (ns, ip) in [(&a, ip_a), (&b, ip_b)] {
+            let m = mtu.to_string();
+            ns.exec(&["ip", "link", "set", &ifname, "mtu", &m])?;
+            ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &ifname])?;
+            // No IPv6 chatter (router solicitations, DAD) on the test link.
+            let _ = ns.exec(&[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{ifname}.disable_ipv6=1"),
+            ]);
+            ns.exec(&["ip", "link", "set", &ifname, "up"])?;
+        }
+        Ok(Pair {
+            a,
+            b,
+            ifname,
+            ip_a,
+            ip_b,
+            mtu,
+        })
+    }
+}
+
+/// True when this process may create namespaces (root with CAP_SYS_ADMIN and iproute2).
+pub fn available() -> Result<(), String> {
+    if !crate::host::is_root() {
+        return Err("not root: network namespaces need CAP_SYS_ADMIN".into());
+    }
+    run(&["ip", "-V"])
+        .map(|_| ())
+        .map_err(|e| format!("iproute2 missing: {e}"))
+}
