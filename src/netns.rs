@@ -127,3 +127,108 @@ pub fn available() -> Result<(), String> {
         .map(|_| ())
         .map_err(|e| format!("iproute2 missing: {e}"))
 }
+
+/// Endpoint namespaces whose `veth0` hangs off a bridge in a middle namespace, so that
+/// frames cross the middle's kernel forwarding path, where an nftables netdev egress
+/// rule can drop them (AF_XDP transmissions skip the sender's own egress hook).
+#[derive(Debug)]
+pub struct Bridged {
+    pub mid: Netns,
+    pub ends: Vec<Netns>,
+    /// The bridge port in `mid` facing each end.
+    pub ports: Vec<String>,
+    pub ips: Vec<Ipv4Addr>,
+    pub ifname: String,
+}
+
+impl Bridged {
+    /// `n` ends at 198.18.`third_octet`.1, .2, ... behind bridge `br0`, MTU `mtu`.
+    pub fn new(prefix: &str, third_octet: u8, n: usize, mtu: u32) -> Result<Bridged, String> {
+        let mid = Netns::new(&format!("{prefix}m"))?;
+        let m = mtu.to_string();
+        mid.exec(&["ip", "link", "add", "br0", "type", "bridge"])?;
+        let _ = mid.exec(&["sysctl", "-qw", "net.ipv6.conf.br0.disable_ipv6=1"]);
+        mid.exec(&["ip", "link", "set", "br0", "mtu", &m, "up"])?;
+        let ifname = "veth0".to_string();
+        let mut ends = Vec::new();
+        let mut ports = Vec::new();
+        let mut ips = Vec::new();
+        for i in 0..n {
+            let e = Netns::new(&format!("{prefix}{i}"))?;
+            let port = format!("p{i}");
+            mid.exec(&[
+                "ip", "link", "add", &port, "type", "veth", "peer", "name", "tmp0", "netns",
+                &e.name,
+            ])?;
+            e.exec(&["ip", "link", "set", "tmp0", "name", &ifname])?;
+            let _ = mid.exec(&["sysctl", "-qw", &format!("net.ipv6.conf.{port}.disable_ipv6=1")]);
+            mid.exec(&["ip", "link", "set", &port, "mtu", &m, "master", "br0", "up"])?;
+            let ip = Ipv4Addr::new(198, 18, third_octet, i as u8 + 1);
+            let _ = e.exec(&["sysctl", "-qw", &format!("net.ipv6.conf.{ifname}.disable_ipv6=1")]);
+            e.exec(&["ip", "link", "set", &ifname, "mtu", &m])?;
+            e.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &ifname])?;
+            e.exec(&["ip", "link", "set", &ifname, "up"])?;
+            ends.push(e);
+            ports.push(port);
+            ips.push(ip);
+        }
+        Ok(Bridged {
+            mid,
+            ends,
+            ports,
+            ips,
+            ifname,
+        })
+    }
+
+    /// Drops `percent`% of RoCEv2 frames leaving the bridge towards end `i`, with an
+    /// nftables netdev egress rule (`numgen random`). The kernel has no netem.
+    pub fn lose(&self, i: usize, percent: u32) -> Result<(), String> {
+        let table = format!("loss{i}");
+        let port = &self.ports[i];
+        self.mid.exec(&["nft", "add", "table", "netdev", &table])?;
+        self.mid.exec(&[
+            "nft",
+            "add",
+            "chain",
+            "netdev",
+            &table,
+            "eg",
+            &format!("{{ type filter hook egress device \"{port}\" priority 0; }}"),
+        ])?;
+        self.mid.exec(&[
+            "nft",
+            "add",
+            "rule",
+            "netdev",
+            &table,
+            "eg",
+            "udp",
+            "dport",
+            "4791",
+            "numgen",
+            "random",
+            "mod",
+            "100",
+            "<",
+            &percent.to_string(),
+            "counter",
+            "drop",
+        ])?;
+        Ok(())
+    }
+
+    /// Packets the loss rule of end `i` dropped so far.
+    pub fn lost(&self, i: usize) -> u64 {
+        let out = self
+            .mid
+            .exec(&["nft", "list", "table", "netdev", &format!("loss{i}")])
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        out.split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
