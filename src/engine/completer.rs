@@ -50,6 +50,10 @@ impl Qp {
             ctx.counters.drop_stale_response += 1;
             return;
         }
+        // The responder is alive and answering: push the retransmit timer back, as rxe
+        // does for every response it processes, so a long READ reply that is still
+        // streaming after a loss is not also timed out.
+        self.rearm(now);
         match r.info().operation {
             Operation::Ack => {
                 let Some(a) = r.aeth() else { return };

@@ -125,6 +125,56 @@ impl Counters {
         ]
     }
 
+    /// What a counter of `named` means, in a few words (what `roce-xdp stats` prints
+    /// beside it).
+    pub fn help(name: &str) -> &'static str {
+        match name {
+            "sent_pkts" => "packets sent: requests, ACKs, READ responses",
+            "rcvd_pkts" => "packets received that passed header and ICRC checks",
+            "duplicate_request" => "responder: requests with a PSN already seen (a retransmission)",
+            "out_of_seq_request" => {
+                "responder: requests ahead of the expected PSN (a loss before them)"
+            }
+            "rcvd_rnr_err" => "requester: RNR NAKs received (the peer had no receive posted)",
+            "send_rnr_err" => "responder: RNR NAKs sent (no receive posted here)",
+            "rcvd_seq_err" => "requester: PSN sequence error NAKs received",
+            "ack_deferred" => "requester: responses that waited behind others",
+            "retry_exceeded_err" => "requester: QPs that ran out of retries (RETRY_EXC_ERR)",
+            "retry_rnr_exceeded_err" => "requester: QPs that ran out of RNR retries",
+            "completer_retry_err" => {
+                "requester: retransmissions started (timeout, NAK, lost response)"
+            }
+            "send_err" => "frames that could not be built or sent",
+            "link_downed" => "times the link went down",
+            "rdma_sends" => "SEND work requests completed",
+            "rdma_recvs" => "receive work requests completed",
+            "retransmitted_pkts" => "request packets sent again",
+            "timeouts" => "retransmit timer expiries",
+            "nak_seq_sent" => "PSN sequence error NAKs sent",
+            "nak_inv_req_sent" => "invalid request NAKs sent",
+            "nak_rem_access_sent" => "remote access error NAKs sent (bad R_Key, bounds, rights)",
+            "nak_rem_op_sent" => "remote operational error NAKs sent",
+            "acks_sent" => "ACKs sent (NAKs and atomic ACKs included)",
+            "ud_too_long" => "UD sends larger than the MTU, completed without a packet",
+            "drop_not_roce" => "frames dropped: not IP/UDP/4791",
+            "drop_malformed" => "frames dropped: invalid RoCEv2 headers",
+            "drop_bad_checksum" => "frames dropped: bad IPv4 or UDP checksum",
+            "drop_bad_icrc" => "frames dropped: bad ICRC",
+            "drop_not_for_us" => "frames dropped: MAC or IP not ours",
+            "drop_unknown_qp" => "frames dropped: no such destination QP",
+            "drop_wrong_state" => "frames dropped: the QP's state refuses them",
+            "drop_wrong_transport" => "frames dropped: opcode of another transport",
+            "drop_wrong_path" => "frames dropped: not from the connected peer",
+            "drop_bad_pkey" => "frames dropped: P_Key mismatch",
+            "drop_bad_qkey" => "frames dropped: Q_Key mismatch",
+            "drop_no_recv_wqe" => "frames dropped: UC/UD with no receive posted",
+            "drop_uc_msg" => "frames dropped: rest of a UC message after a loss",
+            "drop_stale_response" => "frames dropped: responses matching nothing outstanding",
+            "drop_silent_request" => "frames dropped: requests the responder ignores by rule",
+            _ => "",
+        }
+    }
+
     /// All drops added up.
     pub fn drops(&self) -> u64 {
         self.drop_not_roce

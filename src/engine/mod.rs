@@ -132,19 +132,19 @@ pub(crate) struct Ctx {
     pub counters: Counters,
     pub events: VecDeque<AsyncEvent>,
     pub neighbors: HashMap<IpAddr, [u8; 6]>,
-    ip_id: u16,
     /// CQs that got completions since `Engine::take_touched_cqs` last ran.
     touched_cqs: Vec<u32>,
 }
 
 impl Ctx {
-    /// The IPv4 identification of the next frame.
-    pub fn next_ip_id(&mut self) -> u16 {
-        if self.cfg.udp_link {
-            return 0;
-        }
-        self.ip_id = self.ip_id.wrapping_add(1);
-        self.ip_id
+    /// The IPv4 identification of the next frame: 0. Every frame has DF set, so the ID
+    /// means nothing (RFC 6864 4.1), and 0 is what Linux writes for DF datagrams of an
+    /// unconnected UDP socket: frames of the UDP link and of AF_XDP then carry the same
+    /// header, and a UDP-link peer (which cannot see the ID it received and assumes 0)
+    /// verifies our ICRC. rxe uses a per-destination counter instead; receivers, rxe
+    /// included, take the ID from the header when they check the ICRC.
+    pub fn next_ip_id(&self) -> u16 {
+        0
     }
 
     /// Queues a completion; false (and a CQ error event) if the CQ overflowed.
@@ -201,7 +201,6 @@ impl Engine {
                 counters: Counters::default(),
                 events: VecDeque::new(),
                 neighbors: HashMap::new(),
-                ip_id: 0,
                 touched_cqs: Vec::new(),
                 cfg,
             },

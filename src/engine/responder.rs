@@ -650,11 +650,11 @@ impl Qp {
                         len,
                         rkey,
                     } if !psn.is_before(first) && !psn.is_after(last) => {
-                        Some((first, va, len, rkey))
+                        Some((first, last, va, len, rkey))
                     }
                     _ => None,
                 });
-                let Some((first, va, len, rkey)) = found else {
+                let Some((first, last, va, len, rkey)) = found else {
                     ctx.counters.drop_silent_request += 1;
                     return;
                 };
@@ -668,6 +668,12 @@ impl Qp {
                     ctx.counters.drop_silent_request += 1;
                     return;
                 }
+                // A reply to this READ still being sent is replaced, not queued behind
+                // (rxe restarts its current reply at the re-requested PSN): a backlog of
+                // stale replays would outlast the requester's timer.
+                self.resp.out.retain(|o| {
+                    !matches!(o, Out::Read(x) if !x.psn.is_before(first) && !x.psn.is_after(last))
+                });
                 let l = reth.dma_len();
                 // Replay from memory as it is now (a READ is re-executed, not cached).
                 let (mr, off) = if l == 0 {
