@@ -134,45 +134,72 @@ impl Interface {
 
     /// The addresses configured on the interface.
     pub fn addresses(&self) -> Result<Vec<IpAddr>, HostError> {
-        let mut out = Vec::new();
-        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs writes a list head into `ifap`; freed with freeifaddrs below.
-        if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-            return Err(HostError::Io {
-                what: "getifaddrs".into(),
-                source: io::Error::last_os_error(),
-            });
+        Ok(all_addresses()?
+            .into_iter()
+            .filter(|(n, _)| *n == self.name)
+            .map(|(_, a)| a)
+            .collect())
+    }
+}
+
+/// Every (interface, address) pair of this network namespace, from getifaddrs.
+pub fn all_addresses() -> Result<Vec<(String, IpAddr)>, HostError> {
+    let mut out = Vec::new();
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `ifap`; freed with freeifaddrs below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return Err(HostError::Io {
+            what: "getifaddrs".into(),
+            source: io::Error::last_os_error(),
+        });
+    }
+    let mut p = ifap;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*p };
+        p = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
         }
-        let mut p = ifap;
-        while !p.is_null() {
-            // SAFETY: `p` is a node of the list getifaddrs returned, not yet freed.
-            let ifa = unsafe { &*p };
-            p = ifa.ifa_next;
-            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-                continue;
-            }
-            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-            if name.to_bytes() != self.name.as_bytes() {
-                continue;
-            }
-            // SAFETY: ifa_addr is non-null; its family says which sockaddr it is.
-            let fam = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-            if fam == libc::AF_INET {
-                // SAFETY: family AF_INET means a sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                    sin.sin_addr.s_addr,
-                ))));
-            } else if fam == libc::AF_INET6 {
-                // SAFETY: family AF_INET6 means a sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
-            }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: ifa_addr is non-null; its family says which sockaddr it is.
+        let fam = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if fam == libc::AF_INET {
+            // SAFETY: family AF_INET means a sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            let a = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            out.push((name, IpAddr::V4(a)));
+        } else if fam == libc::AF_INET6 {
+            // SAFETY: family AF_INET6 means a sockaddr_in6.
+            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+            out.push((name, IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))));
         }
-        // SAFETY: `ifap` came from getifaddrs and is freed once.
-        unsafe { libc::freeifaddrs(ifap) };
-        Ok(out)
+    }
+    // SAFETY: `ifap` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(ifap) };
+    Ok(out)
+}
+
+/// The one interface other than `lo` with an IPv4 address, if there is exactly one
+/// (what the commands use when no `-d` is given).
+pub fn default_interface() -> Result<String, String> {
+    let mut names: Vec<String> = all_addresses()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|(n, a)| n != "lo" && a.is_ipv4())
+        .map(|(n, _)| n)
+        .collect();
+    names.dedup();
+    match names.len() {
+        1 => Ok(names.remove(0)),
+        0 => Err("no interface with an IPv4 address: name one with -d".into()),
+        _ => Err(format!(
+            "several interfaces have addresses ({}): name one with -d",
+            names.join(", ")
+        )),
     }
 }
 

@@ -5,12 +5,14 @@
 //! The kernel writes the IP and UDP headers, so the engine must build its frames (and
 //! their ICRC) with the fields the kernel will use: source port = the socket's port,
 //! IPv4 identification 0 and DF (Linux sends DF datagrams of an unconnected socket with
-//! ID 0; `tests/udp_link.rs` checks it on the wire), TTL and TOS are masked by the ICRC.
-//! `DeviceConfig::udp_mode` sets that up. On receive the socket does not show the IP
+//! ID 0; `tests/udp_link.rs` checks it on the wire), TTL and TOS are masked by the ICRC,
+//! and over IPv4 UDP checksum 0 (`SO_NO_CHECK`), as rxe.
+//! `DeviceConfig::udp_link` sets that up. On receive the socket does not show the IP
 //! header, so a frame is rebuilt around the datagram with ID 0: its ICRC verifies when
-//! the sender is another roce-xdp UDP link. A sender that uses other IPv4 IDs (rxe uses
-//! the kernel's per-destination counter) fails that check: over IPv4 the UDP link does
-//! not accept rxe's frames, though rxe accepts its own.
+//! the sender is roce-xdp (either link: the engine always sends ID 0). A sender that
+//! uses other IPv4 IDs fails that check: rxe uses the kernel's per-destination counter,
+//! so over IPv4 the UDP link drops rxe's frames as bad ICRC (counted), though rxe
+//! accepts the UDP link's. Over IPv6 there is no ID and nothing is lost.
 
 use super::FrameLink;
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -72,6 +74,26 @@ impl UdpLink {
         };
         if r != 0 {
             return Err(io::Error::last_os_error());
+        }
+        if local.is_ipv4() {
+            // UDP checksum 0 over IPv4, as rxe sends (the ICRC protects the packet). It
+            // also keeps a half-done checksum off the wire: over veth the kernel leaves
+            // the checksum to an "offload" that never happens, and an AF_XDP receiver
+            // sees the raw frame.
+            let one: i32 = 1;
+            // SAFETY: setting an int socket option on our own socket.
+            let r = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_NO_CHECK,
+                    (&one as *const i32).cast(),
+                    size_of::<i32>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
         }
         let local = sock.local_addr()?;
         Ok(UdpLink {

@@ -66,6 +66,11 @@ struct Queue {
     refill: Vec<FrameDesc>,
     /// Descriptors filled, to put on the TX ring.
     pending_tx: Vec<FrameDesc>,
+    /// A chained (multi-buffer) frame being gathered. Its buffers can arrive over
+    /// several RX batches, so the state lives here, per queue, between `recv` calls.
+    chain: Vec<u8>,
+    chain_len: usize,
+    chain_bad: bool,
     zero_copy: bool,
     fd: RawFd,
 }
@@ -240,6 +245,13 @@ impl XdpLink {
             descs: vec![FrameDesc::default(); cfg.batch.max(1)],
             refill: Vec::with_capacity(cfg.batch.max(1) * 4),
             pending_tx: Vec::with_capacity(cfg.batch.max(1) * 4),
+            chain: if frags {
+                vec![0u8; MAX_FRAME]
+            } else {
+                Vec::new()
+            },
+            chain_len: 0,
+            chain_bad: false,
             zero_copy,
             fd,
         })
@@ -280,29 +292,29 @@ impl FrameLink for XdpLink {
             // SAFETY: `descs` is our scratch; consumed descriptors describe frames of this
             // UMEM the kernel has handed over until we put them back in the fill ring.
             let n = unsafe { q.rx.consume(&mut q.descs[..want]) };
-            let mut chain_len = 0usize;
-            let mut chain_bad = false;
             for i in 0..n {
                 let d = q.descs[i];
                 // SAFETY: the frame is ours (consumed from the RX ring, not yet refilled).
                 let data = unsafe { q.umem.data(&d) }.contents();
-                if d.has_more_frames() || chain_len > 0 {
-                    // Part of a chained frame: gather it in the scratch buffer.
-                    if chain_len + data.len() <= self.scratch.len() {
-                        self.scratch[chain_len..chain_len + data.len()].copy_from_slice(data);
+                if d.has_more_frames() || q.chain_len > 0 {
+                    // Part of a chained frame: gather it (the only extra copy, and only
+                    // for frames larger than one UMEM frame).
+                    let at = q.chain_len;
+                    if at + data.len() <= q.chain.len() {
+                        q.chain[at..at + data.len()].copy_from_slice(data);
                     } else {
-                        chain_bad = true;
+                        q.chain_bad = true;
                     }
-                    chain_len += data.len();
+                    q.chain_len += data.len();
                     if !d.has_more_frames() {
-                        if chain_bad {
+                        if q.chain_bad {
                             self.stats.rx_too_long += 1;
                         } else {
                             self.stats.rx_multi_buffer += 1;
-                            f(&self.scratch[..chain_len]);
+                            f(&q.chain[..q.chain_len]);
                         }
-                        chain_len = 0;
-                        chain_bad = false;
+                        q.chain_len = 0;
+                        q.chain_bad = false;
                         total += 1;
                     }
                 } else {

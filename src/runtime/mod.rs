@@ -60,6 +60,8 @@ pub struct RuntimeConfig {
     pub busy_poll: bool,
     /// Write every frame sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
+    /// Stop writing the pcap after this many frames (long runs make huge captures).
+    pub pcap_max_frames: Option<u64>,
     /// Publish counters to this JSON file every 500 ms (what `roce-xdp stats` reads).
     pub stats_file: Option<PathBuf>,
     /// Override of the port MTU (IB MTU) the interface's MTU would give.
@@ -78,6 +80,7 @@ impl RuntimeConfig {
             device: None,
             busy_poll: false,
             pcap: None,
+            pcap_max_frames: None,
             stats_file: None,
             port_mtu: None,
         }
@@ -613,6 +616,12 @@ impl Device {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// One QP's transport state (PSNs, queues, timers) in words, for stall reports.
+    pub fn qp_debug(&self, qpn: u32) -> String {
+        self.call(move |l| l.engine.qp_debug(qpn))
+            .unwrap_or_else(|e| e.to_string())
     }
 
     /// Current counters, fetched from the engine thread.

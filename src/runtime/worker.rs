@@ -43,12 +43,16 @@ pub struct Stats {
     pub link: String,
     pub qps: usize,
     pub uptime: Duration,
+    /// Written when the engine stopped.
+    pub final_report: bool,
 }
 
 impl Stats {
     /// The counters as a JSON object (what `roce-xdp stats` reads).
     pub fn to_json(&self) -> serde_json::Value {
         let mut m = serde_json::Map::new();
+        m.insert("pid".into(), std::process::id().into());
+        m.insert("final".into(), self.final_report.into());
         m.insert("link".into(), self.link.clone().into());
         m.insert("qps".into(), self.qps.into());
         m.insert("uptime_s".into(), self.uptime.as_secs_f64().into());
@@ -90,7 +94,25 @@ impl AnyLink {
 fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), String> {
     if let Some(d) = &cfg.device {
         let ifname = match &cfg.link {
-            LinkKind::Xdp { ifname, .. } => Some(ifname.clone()),
+            LinkKind::Xdp { ifname, .. } => {
+                // The kernel must own the addresses too: it answers ARP/ND for them and
+                // the XDP program redirects only frames sent to them.
+                let ifc = crate::host::Interface::find(ifname).map_err(|e| e.to_string())?;
+                let have = ifc.addresses().map_err(|e| e.to_string())?;
+                let want = d
+                    .ipv4
+                    .iter()
+                    .map(|a| IpAddr::V4(*a))
+                    .chain(d.ipv6.iter().map(|a| IpAddr::V6(*a)));
+                for a in want {
+                    if !have.contains(&a) {
+                        return Err(format!(
+                            "{a} is not an address of {ifname}: add it (ip addr add {a}/24 dev {ifname}) or configure one of {have:?}"
+                        ));
+                    }
+                }
+                Some(ifname.clone())
+            }
             LinkKind::Udp { .. } => None,
         };
         return Ok((d.clone(), ifname));
@@ -250,11 +272,14 @@ pub(crate) fn run(
             + Duration::from_nanos(t.0)
     };
     let mut idle = 0u32;
+
     let mut last_pub = Instant::now();
     let mut last_file = Instant::now();
     let mut fds = link.get().fds();
     fds.push(wake_fd);
     let mut overflowed_cqs: Vec<u32> = Vec::new();
+    let tap_max = cfg.pcap_max_frames.unwrap_or(u64::MAX);
+    let mut tapped = 0u64;
     loop {
         let mut work = 0usize;
         // Doorbells and calls.
@@ -279,8 +304,12 @@ pub(crate) fn run(
         {
             let engine = &mut l.engine;
             let tap = &mut tap;
+            let tapped = &mut tapped;
             work += link.get().recv(256, &mut |f| {
-                if let Some(w) = tap.as_mut() {
+                if let Some(w) = tap.as_mut()
+                    && *tapped < tap_max
+                {
+                    *tapped += 1;
                     let _ = w.write(wall(t), f);
                 }
                 engine.handle_frame(t, f);
@@ -295,9 +324,13 @@ pub(crate) fn run(
         {
             let engine = &mut l.engine;
             let tap = &mut tap;
+            let tapped = &mut tapped;
             work += link.get().send(&mut |buf| {
                 let n = engine.poll_transmit(t, buf)?;
-                if let Some(w) = tap.as_mut() {
+                if let Some(w) = tap.as_mut()
+                    && *tapped < tap_max
+                {
+                    *tapped += 1;
                     let _ = w.write(wall(t), &buf[..n]);
                 }
                 Some(n)
@@ -314,6 +347,7 @@ pub(crate) fn run(
                 link: link_desc.clone(),
                 qps: l.engine.qp_count(),
                 uptime: start.elapsed(),
+                final_report: false,
             };
             if let Some(p) = &cfg.stats_file
                 && last_file.elapsed() > Duration::from_millis(500)
@@ -358,6 +392,7 @@ pub(crate) fn run(
         link: link_desc,
         qps: l.engine.qp_count(),
         uptime: start.elapsed(),
+        final_report: true,
     };
     if let Some(p) = &cfg.stats_file {
         write_stats(p, &s);
@@ -424,6 +459,18 @@ fn apply(l: &mut Locals, c: Cmd) {
 }
 
 fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32>) {
+    // Queue occupancy first: a caller that sees a completion must also see its slot
+    // free, or a repost right after polling would be refused as a full queue.
+    let qps = &l.qps;
+    l.engine.take_touched_qps(|qpn, state, sq_done, rq_done| {
+        if let Some((sh, rs, rr)) = qps.get(&qpn) {
+            sh.set_state(state);
+            sh.sq_done
+                .store(sq_done + rs, std::sync::atomic::Ordering::SeqCst);
+            sh.rq_done
+                .store(rq_done + rr, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
     let cqs = &l.cqs;
     let mut lost: Vec<(u32, u32)> = Vec::new();
     l.engine.take_touched_cqs(|cq, wc| {
@@ -445,16 +492,6 @@ fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32
         };
         let _ = l.engine.modify_qp(qpn, &a, QpAttrMask::STATE);
     }
-    let qps = &l.qps;
-    l.engine.take_touched_qps(|qpn, state, sq_done, rq_done| {
-        if let Some((sh, rs, rr)) = qps.get(&qpn) {
-            sh.set_state(state);
-            sh.sq_done
-                .store(sq_done + rs, std::sync::atomic::Ordering::SeqCst);
-            sh.rq_done
-                .store(rq_done + rr, std::sync::atomic::Ordering::SeqCst);
-        }
-    });
     while let Some(e) = l.engine.poll_event() {
         let _ = events.send(e);
     }
