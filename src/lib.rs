@@ -3,6 +3,7 @@
 //! - [`wire`]: the RoCEv2 wire format (views, representations, ICRC, opcode table).
 //! - [`decode`]: `roce-xdp decode`, which explains captured traffic field by field.
 
+pub mod apps;
 pub mod capture;
 pub mod decode;
 pub mod engine;

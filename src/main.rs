@@ -1,9 +1,14 @@
 //! The `roce-xdp` command.
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use roce_xdp::apps::{self, demo, pingpong, stats};
 use roce_xdp::decode::{self, Mode};
+use roce_xdp::runtime::{Device, RuntimeConfig};
+use roce_xdp::verbs::{Mtu, QpType};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -12,6 +17,9 @@ use std::process::ExitCode;
     about = "A software RoCEv2 NIC, and tools to learn the protocol"
 )]
 struct Cli {
+    /// Log what the engine does (RUST_LOG=debug for more).
+    #[arg(short = 'v', long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -32,10 +40,147 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Two engines in two private network namespaces over AF_XDP: latency, bandwidth,
+    /// atomics and a byte-exact transfer (the UDP link on loopback without root).
+    Demo(DemoArgs),
+    /// ibv_rc_pingpong on roce-xdp, wire-compatible with rdma-core's tools (server when
+    /// no host is given).
+    Pingpong(PingpongArgs),
+    /// The counters of running engines, or their final reports.
+    Stats(StatsArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Netdev MTU of the veth pair: 1500 (IB MTU 1024) or 4200 (IB MTU 4096, multi-buffer).
+    #[arg(long, default_value_t = 1500)]
+    mtu: u32,
+    /// Ping-pong round trips.
+    #[arg(long, default_value_t = 5000)]
+    iters: u64,
+    /// Bytes per bandwidth step (K, M, G suffixes).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    bytes: u64,
+    /// Bytes of the byte-checked mixed transfer.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    mixed: u64,
+    /// Where to write the capture of the first frames.
+    #[arg(long, default_value = "demo.pcap")]
+    pcap: PathBuf,
+    /// Write no capture.
+    #[arg(long)]
+    no_pcap: bool,
+    /// Use the UDP link even when AF_XDP is possible.
+    #[arg(long)]
+    udp: bool,
+    /// A short run (a few seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Engine threads spin when idle: lower latency, two cores busy.
+    #[arg(long)]
+    busy_poll: bool,
+}
+
+#[derive(Args)]
+struct PingpongArgs {
+    /// The server; none makes this the server.
+    host: Option<String>,
+    /// TCP port of the address exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// The interface (the "device"); the only one with an IPv4 address if not given.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// Port number (roce-xdp devices have one port).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Message size (default 4096, UD 1024).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096 (RC and UC; not exchanged).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Messages each way.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Service level (no meaning on Ethernet; accepted for compatibility).
+    #[arg(short = 'l', long, default_value_t = 0)]
+    sl: u8,
+    /// Wait for completions by events (accepted; roce-xdp always waits without spinning).
+    #[arg(short = 'e', long)]
+    events: bool,
+    /// Local GID index (default: the first IPv4 GID).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u8>,
+    /// Mark each page on the client and check the marks on the server.
+    #[arg(short = 'c', long = "chk")]
+    check: bool,
+    /// UD, as ibv_ud_pingpong.
+    #[arg(long, conflicts_with = "uc")]
+    ud: bool,
+    /// UC, as ibv_uc_pingpong.
+    #[arg(long)]
+    uc: bool,
+    /// Use the UDP link bound to this local address instead of AF_XDP (no root needed).
+    #[arg(long)]
+    udp: Option<IpAddr>,
+    /// Write every frame to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Longest wait for the peer or for one completion, in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+    /// Where to publish counters (default: a file `roce-xdp stats` finds).
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    /// Stats files; default: every file in the stats directory.
+    files: Vec<PathBuf>,
+    /// Show zero counters too.
+    #[arg(long)]
+    all: bool,
+    /// Print the JSON as published.
+    #[arg(long)]
+    json: bool,
+    /// Redraw every SECS seconds, COUNT times.
+    #[arg(long, value_name = "SECS")]
+    watch: Option<f64>,
+    #[arg(long, default_value_t = 10)]
+    count: u32,
+    /// Delete the final reports of ended processes.
+    #[arg(long)]
+    clean: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4096, 64K, 256M)"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let filter = if cli.verbose { "info" } else { "warn" };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter)),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     match cli.cmd {
         Cmd::Decode {
             file,
@@ -66,5 +211,158 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Cmd::Demo(a) => run_demo(a),
+        Cmd::Pingpong(a) => run_pingpong(a),
+        Cmd::Stats(a) => run_stats(a),
     }
+}
+
+fn failed(cmd: &str, e: &str) -> ExitCode {
+    eprintln!("roce-xdp {cmd}: {e}");
+    if apps::interrupted() {
+        ExitCode::from(130)
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run_demo(a: DemoArgs) -> ExitCode {
+    apps::catch_interrupts();
+    let mut o = demo::Opts {
+        netdev_mtu: a.mtu,
+        iters: a.iters,
+        stream_bytes: a.bytes,
+        mixed_bytes: a.mixed,
+        pcap: (!a.no_pcap).then_some(a.pcap),
+        udp: a.udp,
+        busy_poll: a.busy_poll,
+        ..demo::Opts::default()
+    };
+    if a.quick {
+        o.iters = o.iters.min(1000);
+        o.stream_bytes = o.stream_bytes.min(32 << 20);
+        o.mixed_bytes = o.mixed_bytes.min(16 << 20);
+        o.atomics = 4000;
+    }
+    println!("roce-xdp demo: two software RoCEv2 NICs talking RC over the wire");
+    match demo::run(&o, &mut |l| println!("{l}")) {
+        Ok(s) => {
+            print!("{}", demo::table(&s));
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed("demo", &e),
+    }
+}
+
+fn run_pingpong(a: PingpongArgs) -> ExitCode {
+    apps::catch_interrupts();
+    match pingpong_inner(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failed("pingpong", &e),
+    }
+}
+
+fn pingpong_inner(a: PingpongArgs) -> Result<(), String> {
+    if a.ib_port != 1 {
+        return Err(format!(
+            "port {} does not exist: devices have port 1",
+            a.ib_port
+        ));
+    }
+    let _ = (a.sl, a.events);
+    let qp_type = if a.ud {
+        QpType::Ud
+    } else if a.uc {
+        QpType::Uc
+    } else {
+        QpType::Rc
+    };
+    let label = format!(
+        "pingpong-{}",
+        match qp_type {
+            QpType::Rc => "rc",
+            QpType::Uc => "uc",
+            QpType::Ud => "ud",
+        }
+    );
+    let mut cfg = match a.udp {
+        Some(ip) => {
+            let mut c = RuntimeConfig::udp(ip);
+            c.port_mtu = Some(Mtu::Mtu4096);
+            c
+        }
+        None => {
+            let ifname = match a.dev {
+                Some(d) => d,
+                None => roce_xdp::host::default_interface()?,
+            };
+            RuntimeConfig::xdp(&ifname)
+        }
+    };
+    cfg.pcap = a.pcap;
+    cfg.stats_file = Some(a.stats_file.unwrap_or_else(|| stats::default_path(&label)));
+    let dev = Device::open(cfg).map_err(|e| e.to_string())?;
+    let gidx = a
+        .gid_idx
+        .unwrap_or_else(|| pingpong::default_gid_index(&dev));
+    let o = pingpong::Opts {
+        host: a.host,
+        port: a.port,
+        size: a.size,
+        mtu: a.mtu,
+        rx_depth: a.rx_depth,
+        iters: a.iters,
+        check: a.check,
+        qp_type,
+        timeout: Duration::from_secs(a.timeout),
+    };
+    let r = pingpong::run(&dev, gidx, &o, &mut |l| println!("{l}"))?;
+    println!("{}", r.summary());
+    dev.shutdown();
+    Ok(())
+}
+
+fn run_stats(a: StatsArgs) -> ExitCode {
+    let dir = stats::dir();
+    let rounds = if a.watch.is_some() { a.count.max(1) } else { 1 };
+    for round in 0..rounds {
+        if round > 0 {
+            std::thread::sleep(Duration::from_secs_f64(
+                a.watch.unwrap_or(1.0).clamp(0.1, 60.0),
+            ));
+            println!();
+        }
+        let files: Vec<stats::Published> = if a.files.is_empty() {
+            stats::list(&dir)
+        } else {
+            let mut v = Vec::new();
+            for f in &a.files {
+                match stats::read(f) {
+                    Ok(p) => v.push(p),
+                    Err(e) => return failed("stats", &e),
+                }
+            }
+            v
+        };
+        if files.is_empty() {
+            println!(
+                "no engine has published counters in {} (commands write them there while they run)",
+                dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        for p in &files {
+            if a.json {
+                println!("{}", p.json);
+            } else {
+                println!("{}", stats::render(p, a.all));
+            }
+        }
+        if a.clean {
+            for p in files.iter().filter(|p| !p.running) {
+                let _ = std::fs::remove_file(&p.path);
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }

@@ -161,10 +161,18 @@ impl Bridged {
                 &e.name,
             ])?;
             e.exec(&["ip", "link", "set", "tmp0", "name", &ifname])?;
-            let _ = mid.exec(&["sysctl", "-qw", &format!("net.ipv6.conf.{port}.disable_ipv6=1")]);
+            let _ = mid.exec(&[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{port}.disable_ipv6=1"),
+            ]);
             mid.exec(&["ip", "link", "set", &port, "mtu", &m, "master", "br0", "up"])?;
             let ip = Ipv4Addr::new(198, 18, third_octet, i as u8 + 1);
-            let _ = e.exec(&["sysctl", "-qw", &format!("net.ipv6.conf.{ifname}.disable_ipv6=1")]);
+            let _ = e.exec(&[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{ifname}.disable_ipv6=1"),
+            ]);
             e.exec(&["ip", "link", "set", &ifname, "mtu", &m])?;
             e.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &ifname])?;
             e.exec(&["ip", "link", "set", &ifname, "up"])?;

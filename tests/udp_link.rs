@@ -1,0 +1,165 @@
+//! The UDP link: the engine over a UDP socket, where the kernel writes IP and UDP.
+//! - against an AF_XDP engine, which verifies every ICRC over the header as it was on
+//!   the wire: this is what shows that Linux sends our datagrams with IPv4 ID 0 and DF,
+//!   the header the UDP link computed the ICRC over;
+//! - without root privileges (dropped with setpriv): `demo` falls back to the UDP link on
+//!   loopback, and two `pingpong` processes talk over it.
+
+mod common;
+use common::rt::*;
+use roce_xdp::apps::progress::Progress;
+use roce_xdp::apps::workload;
+use roce_xdp::capture::Capture;
+use roce_xdp::netns::{Netns, Pair};
+use roce_xdp::runtime::{Device, RuntimeConfig};
+use roce_xdp::verbs::*;
+use roce_xdp::wire::IpView;
+use std::net::IpAddr;
+
+#[test]
+fn udp_link_and_af_xdp_interoperate_with_the_kernel_writing_id_0_and_df() {
+    if !need_root() {
+        return;
+    }
+    let pair = Pair::new("rxu", 8, 1500).unwrap();
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let mut ca = RuntimeConfig::udp(ip_a);
+    ca.netns = Some(pair.a.name.clone());
+    let dir = std::env::temp_dir().join(format!("roce-udp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("b.pcap");
+    let mut cb = RuntimeConfig::xdp(&pair.ifname);
+    cb.netns = Some(pair.b.name.clone());
+    cb.pcap = Some(pcap.clone());
+    let a = end(Device::open(ca).unwrap(), QpType::Rc, MIXED_MEM);
+    let b = end(Device::open(cb).unwrap(), QpType::Rc, MIXED_MEM);
+    assert!(a.dev.info().link.contains("UDP"), "{}", a.dev.info().link);
+    join(&a, ip_a, &b, ip_b, 12);
+    let m = workload::mixed(&a, &b, 16 << 20, 1 << 20, 0x0d1, &mut Progress::hidden())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\nUDP side:\n{}\nAF_XDP side:\n{}\n{:?}",
+                a.dev.counters().unwrap(),
+                b.dev.counters().unwrap(),
+                b.dev.stats().xdp
+            )
+        });
+    let (ca, cb) = (a.dev.counters().unwrap(), b.dev.counters().unwrap());
+    println!(
+        "{:.1} MiB byte-exact between the UDP link and AF_XDP; UDP side: {} sent, {} received; AF_XDP side: {} bad ICRC",
+        m.report.bytes as f64 / 1048576.0,
+        ca.sent_pkts,
+        ca.rcvd_pkts,
+        cb.drop_bad_icrc
+    );
+    assert_eq!(
+        cb.drop_bad_icrc, 0,
+        "the kernel's header differs from the ICRC's"
+    );
+    assert_eq!(ca.drop_bad_icrc, 0, "AF_XDP frames did not verify as ID 0");
+    b.dev.shutdown();
+    // On the wire (as the AF_XDP side received them): ID 0, DF, source port 4791.
+    let cap = Capture::open(&pcap).unwrap();
+    let mut from_udp = 0;
+    for p in cap.packets().unwrap() {
+        let p = p.unwrap();
+        let Ok(f) = p.roce() else { continue };
+        let IpView::V4(h) = f.ip() else { continue };
+        if IpAddr::V4(h.source_addr()) != ip_a {
+            continue;
+        }
+        from_udp += 1;
+        assert_eq!(h.identification(), 0, "frame {}", p.index);
+        assert!(h.dont_fragment(), "frame {}", p.index);
+        assert_eq!(f.udp().source_port(), 4791);
+        assert_eq!(f.udp().checksum(), 0, "UDP checksum 0 over IPv4, as rxe");
+        f.verify().unwrap();
+    }
+    assert!(from_udp > 1000, "only {from_udp} frames from the UDP link");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A copy of the binary that any user can run (the build tree may not be readable).
+fn public_bin(dir: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let p = dir.join("roce-xdp");
+    std::fs::copy(bin(), &p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+/// A command run inside `ns` as user `nobody`, every capability dropped.
+fn as_nobody(ns: &Netns, args: &[&str], cwd: &std::path::Path) -> std::process::Command {
+    let mut c = ns.command("setpriv");
+    c.args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--",
+    ]);
+    c.args(args);
+    c.current_dir(cwd);
+    c
+}
+
+#[test]
+fn demo_without_root_runs_over_the_udp_link() {
+    if !need_root() {
+        return;
+    }
+    let ns = Netns::new("rxd").unwrap();
+    let dir = std::env::temp_dir().join(format!("roce-nobody-{}", std::process::id()));
+    let exe = public_bin(&dir);
+    let c = as_nobody(&ns, &[&exe, "demo", "--quick"], &dir);
+    let (ok, out) = Child::spawn(c).finish(120);
+    println!("{out}");
+    assert!(ok, "{out}");
+    assert!(out.contains("AF_XDP not possible here (not root"), "{out}");
+    assert!(out.contains("UDP socket on 127.0.0.1:4791"), "{out}");
+    assert!(out.contains("every byte correct"), "{out}");
+    // The capture it wrote decodes, every ICRC good.
+    let cap = Capture::open(&dir.join("demo.pcap")).unwrap();
+    let mut n = 0;
+    for p in cap.packets().unwrap() {
+        let p = p.unwrap();
+        p.roce().unwrap().verify().unwrap();
+        n += 1;
+    }
+    assert!(n > 1000, "{n} frames in demo.pcap");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pingpong_without_root_over_the_udp_link() {
+    if !need_root() {
+        return;
+    }
+    let ns = Netns::new("rxq").unwrap();
+    let dir = std::env::temp_dir().join(format!("roce-nobody-pp-{}", std::process::id()));
+    let exe = public_bin(&dir);
+    for (i, extra) in [vec![], vec!["--uc", "-s", "100"], vec!["--ud", "-s", "512"]]
+        .iter()
+        .enumerate()
+    {
+        let port = (19515 + i).to_string();
+        let common = ["pingpong", "-n", "200", "-p", &port, "--timeout", "20"];
+        let mut sa: Vec<&str> = vec![&exe];
+        sa.extend(common);
+        sa.extend(extra.iter().copied());
+        let mut ca = sa.clone();
+        sa.extend(["--udp", "127.0.0.2"]);
+        ca.extend(["--udp", "127.0.0.1", "127.0.0.2"]);
+        let server = Child::spawn(as_nobody(&ns, &sa, &dir));
+        let client = Child::spawn(as_nobody(&ns, &ca, &dir));
+        let (ok_c, out_c) = client.finish(60);
+        let (ok_s, out_s) = server.finish(30);
+        assert!(ok_c && ok_s, "client:\n{out_c}\nserver:\n{out_s}");
+        assert!(out_c.contains("200 iters in"), "{out_c}");
+        assert!(out_s.contains("GID ::ffff:127.0.0.1"), "{out_s}");
+        println!("{extra:?}: {}", out_c.lines().last().unwrap_or(""));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
