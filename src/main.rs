@@ -39,6 +39,10 @@ enum Cmd {
         /// One JSON object per frame, one per line, nothing else on stdout.
         #[arg(long)]
         json: bool,
+        /// Only what is wrong: the first frame failing a check, explained, and requests
+        /// sent again and again; exit status 1 if there is any.
+        #[arg(long, conflicts_with_all = ["brief", "ladder", "json"])]
+        check: bool,
     },
     /// Two engines in two private network namespaces over AF_XDP: latency, bandwidth,
     /// atomics and a byte-exact transfer (the UDP link on loopback without root).
@@ -48,6 +52,101 @@ enum Cmd {
     Pingpong(PingpongArgs),
     /// The counters of running engines, or their final reports.
     Stats(StatsArgs),
+    /// One verbs operation as requester or target against tools/rxe/probe.c (or another
+    /// roce-xdp), every byte checked on both sides.
+    Probe(ProbeArgs),
+    /// The peer of perftest's ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat and
+    /// ib_atomic_bw (client when a host is given), speaking their TCP exchange.
+    Perftest(PerftestArgs),
+}
+
+/// Where a command's engine runs.
+#[derive(Args, Clone)]
+struct DevArgs {
+    /// The interface; the only one with an IPv4 address if not given.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// Use the UDP link bound to this local address instead of AF_XDP.
+    #[arg(long)]
+    udp: Option<IpAddr>,
+    /// Write every frame to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// Where to publish counters (default: a file `roce-xdp stats` finds).
+    #[arg(long)]
+    stats_file: Option<PathBuf>,
+    /// Longest wait for the peer or for one completion, in seconds.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct ProbeArgs {
+    /// The TCP server; none listens.
+    host: Option<String>,
+    #[command(flatten)]
+    dev: DevArgs,
+    /// req (requester) or tgt (target).
+    #[arg(long)]
+    role: String,
+    /// write, write_imm, read, send_imm, send_inv, cas or faa.
+    #[arg(long)]
+    op: String,
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: u32,
+    #[arg(short = 'n', long, default_value_t = 4)]
+    iters: u32,
+    #[arg(short = 'S', long, default_value_t = 1)]
+    seed: u32,
+    /// Requester: use a wrong R_Key and expect REM_ACCESS_ERR.
+    #[arg(long)]
+    bad_rkey: bool,
+    /// Target: post receives this many milliseconds late (RNR).
+    #[arg(long, default_value_t = 0)]
+    rnr_delay: u64,
+    /// Path MTU in bytes (default: the port's).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    /// Local ACK timeout exponent.
+    #[arg(short = 't', long = "qp-timeout", default_value_t = 14)]
+    qp_timeout: u8,
+    #[arg(short = 'p', long, default_value_t = 18700)]
+    port: u16,
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u8>,
+}
+
+#[derive(Args)]
+struct PerftestArgs {
+    /// write_bw, read_bw, send_bw, write_lat or atomic_bw.
+    test: String,
+    /// The server; none makes this the server.
+    host: Option<String>,
+    #[command(flatten)]
+    dev: DevArgs,
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// GID index (default: the first IPv4 GID).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_idx: Option<u8>,
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// MTU in bytes (default: the port's).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    #[arg(short = 't', long = "tx-depth")]
+    tx_depth: Option<usize>,
+    /// CMP_AND_SWAP or FETCH_AND_ADD (atomic_bw).
+    #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
+    atomic: String,
+    /// Accepted for compatibility (CPU frequency checks).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Report Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    gbits: bool,
 }
 
 #[derive(Args)]
@@ -187,8 +286,11 @@ fn main() -> ExitCode {
             brief,
             ladder,
             json,
+            check,
         } => {
-            let mode = if json {
+            let mode = if check {
+                Mode::Check
+            } else if json {
                 Mode::Json
             } else if ladder {
                 Mode::Ladder
@@ -200,7 +302,8 @@ fn main() -> ExitCode {
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             match decode::run(&file, mode, &mut out) {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
                 Err(decode::DecodeError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
                     ExitCode::SUCCESS
                 }
@@ -214,6 +317,8 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => run_demo(a),
         Cmd::Pingpong(a) => run_pingpong(a),
         Cmd::Stats(a) => run_stats(a),
+        Cmd::Probe(a) => run_probe(a),
+        Cmd::Perftest(a) => run_perftest(a),
     }
 }
 
@@ -365,4 +470,124 @@ fn run_stats(a: StatsArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+fn open_dev(d: &DevArgs, label: &str) -> Result<Device, String> {
+    let mut cfg = match d.udp {
+        Some(ip) => {
+            let mut c = RuntimeConfig::udp(ip);
+            c.port_mtu = Some(Mtu::Mtu4096);
+            c
+        }
+        None => {
+            let ifname = match &d.dev {
+                Some(x) => x.clone(),
+                None => roce_xdp::host::default_interface()?,
+            };
+            RuntimeConfig::xdp(&ifname)
+        }
+    };
+    cfg.pcap = d.pcap.clone();
+    cfg.stats_file = Some(
+        d.stats_file
+            .clone()
+            .unwrap_or_else(|| stats::default_path(label)),
+    );
+    Device::open(cfg).map_err(|e| e.to_string())
+}
+
+fn run_probe(a: ProbeArgs) -> ExitCode {
+    apps::catch_interrupts();
+    let r = (|| -> Result<String, String> {
+        use roce_xdp::apps::probe;
+        let op = probe::Op::parse(&a.op).ok_or_else(|| format!("unknown --op {}", a.op))?;
+        let requester = match a.role.as_str() {
+            "req" | "requester" => true,
+            "tgt" | "target" => false,
+            x => return Err(format!("--role is req or tgt, not {x}")),
+        };
+        let dev = open_dev(&a.dev, "probe")?;
+        let mtu = match a.mtu {
+            Some(b) => Mtu::from_bytes(b).ok_or_else(|| format!("invalid MTU {b}"))?,
+            None => dev.info().port_mtu,
+        };
+        let o = probe::Opts {
+            requester,
+            op,
+            size: a.size,
+            iters: a.iters,
+            seed: a.seed,
+            bad_rkey: a.bad_rkey,
+            rnr_delay: Duration::from_millis(a.rnr_delay),
+            mtu,
+            timeout_exp: a.qp_timeout,
+            host: a.host.clone(),
+            port: a.port,
+            gid_index: a
+                .gid_idx
+                .unwrap_or_else(|| pingpong::default_gid_index(&dev)),
+            wait: Duration::from_secs(a.dev.timeout),
+        };
+        let r = probe::run(&dev, &o);
+        dev.shutdown();
+        r
+    })();
+    match r {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("{e}");
+            failed("probe", "failed")
+        }
+    }
+}
+
+fn run_perftest(a: PerftestArgs) -> ExitCode {
+    apps::catch_interrupts();
+    let r = (|| -> Result<(), String> {
+        use roce_xdp::apps::perftest;
+        let test = perftest::Test::parse(&a.test).ok_or_else(|| {
+            format!(
+                "unknown test {} (write_bw, read_bw, send_bw, write_lat, atomic_bw)",
+                a.test
+            )
+        })?;
+        let cas = match a.atomic.as_str() {
+            "CMP_AND_SWAP" => true,
+            "FETCH_AND_ADD" => false,
+            x => return Err(format!("-A is CMP_AND_SWAP or FETCH_AND_ADD, not {x}")),
+        };
+        let _ = a.cpu_freq;
+        let dev = open_dev(&a.dev, "perftest")?;
+        let o = perftest::Opts {
+            test,
+            host: a.host.clone(),
+            port: a.port,
+            size: a.size,
+            iters: a.iters,
+            mtu: a.mtu,
+            tx_depth: a.tx_depth,
+            cmp_and_swap: cas,
+            gbits: a.gbits,
+            gid_index: a
+                .gid_idx
+                .unwrap_or_else(|| pingpong::default_gid_index(&dev)),
+            wait: Duration::from_secs(a.dev.timeout),
+        };
+        println!(
+            "roce-xdp perftest: {} {} ({})",
+            test.name(),
+            if o.host.is_some() { "client" } else { "server" },
+            dev.info().link
+        );
+        let r = perftest::run(&dev, &o, &mut |l| println!("{l}"));
+        dev.shutdown();
+        r.map(|_| ())
+    })();
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failed("perftest", &e),
+    }
 }

@@ -178,3 +178,22 @@ fn truncated_pcap_decodes_what_is_whole_then_fails() {
     one_error_line(&decode(&[p.to_str().unwrap()]));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn check_passes_a_clean_capture_and_names_the_bad_frame_and_the_stall() {
+    let o = decode(&["--check", &data("rxe-vm2vm-mtu1024.pcap")]);
+    assert!(o.status.success());
+    let out = text(&o.stdout);
+    assert!(out.contains("0 failing a check"), "{out}");
+    assert!(out.contains("every frame passes"), "{out}");
+
+    // The AF_XDP-peer capture: frame 1's ICRC was corrupted on purpose, and rxe sent
+    // RC SENDs again and again to a QP that never answered.
+    let o = decode(&["--check", &data("rxe-afxdp-peer.pcap")]);
+    assert_eq!(o.status.code(), Some(1));
+    let out = text(&o.stdout);
+    assert!(out.contains("1 failing a check"), "{out}");
+    assert!(out.contains("first bad frame: 1 (bad ICRC"), "{out}");
+    assert!(out.contains("unanswered: frame"), "{out}");
+    assert!(!out.contains("every frame passes"), "{out}");
+}

@@ -353,3 +353,109 @@ fn pingpong_processes_rc_uc_ud() {
         println!("{extra:?}: {}", c.lines().last().unwrap_or(""));
     }
 }
+
+fn pair_processes(pair: &Pair, server: &[&str], client: &[&str]) -> (String, String) {
+    let mut s = pair.b.command(bin());
+    s.args(server);
+    let s = Child::spawn(s);
+    let mut c = pair.a.command(bin());
+    c.args(client);
+    c.arg(pair.ip_b.to_string());
+    let c = Child::spawn(c);
+    let (ok_c, out_c) = c.finish(60);
+    let (ok_s, out_s) = s.finish(30);
+    assert!(ok_c && ok_s, "client:\n{out_c}\nserver:\n{out_s}");
+    (out_c, out_s)
+}
+
+#[test]
+fn perftest_commands_talk_to_each_other() {
+    if !need_root() {
+        return;
+    }
+    // The rxe interop harness runs them against perftest itself; here both sides are
+    // ours, over AF_XDP, each of the five tests.
+    let pair = Pair::new("rxf", 9, 1500).unwrap();
+    for (i, (test, extra)) in [
+        ("write_bw", vec!["-s", "65536", "-n", "200"]),
+        ("read_bw", vec!["-s", "65536", "-n", "200"]),
+        ("send_bw", vec!["-s", "4096", "-n", "500"]),
+        ("write_lat", vec!["-s", "2", "-n", "200"]),
+        ("atomic_bw", vec!["-n", "500", "-A", "CMP_AND_SWAP"]),
+        ("atomic_bw", vec!["-n", "500"]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let port = (18800 + i).to_string();
+        let mut a = vec!["perftest", test, "-d", "veth0", "-x", "1", "-p", &port];
+        a.extend(extra.iter().copied());
+        let (c, s) = pair_processes(&pair, &a, &a);
+        assert!(c.contains("remote address"), "{c}");
+        if *test == "write_lat" {
+            assert!(
+                c.contains("t_typical") && s.contains("t_typical"),
+                "{c}\n{s}"
+            );
+        } else {
+            assert!(c.contains("BW average"), "{c}");
+            // The server prints what it was told (bw tests) or measured (send_bw).
+            assert!(s.contains("BW average"), "{s}");
+        }
+        println!("{test}: {}", c.lines().last().unwrap_or(""));
+    }
+}
+
+#[test]
+fn probe_commands_check_every_operation_both_ways() {
+    if !need_root() {
+        return;
+    }
+    let pair = Pair::new("rxo", 10, 4200).unwrap();
+    let mut port = 18900;
+    for (op, size, n) in [
+        ("write", "65536", "4"),
+        ("write_imm", "4096", "4"),
+        ("read", "1048576", "1"),
+        ("send_imm", "16384", "4"),
+        ("send_inv", "4096", "1"),
+        ("cas", "8", "16"),
+        ("faa", "8", "16"),
+    ] {
+        for (srv, cli) in [("tgt", "req"), ("req", "tgt")] {
+            port += 1;
+            let p = port.to_string();
+            let base = [
+                "probe", "-d", "veth0", "-g", "1", "--op", op, "-s", size, "-n", n, "-p", &p,
+            ];
+            let mut s: Vec<&str> = base.to_vec();
+            s.extend(["--role", srv]);
+            let mut c: Vec<&str> = base.to_vec();
+            c.extend(["--role", cli]);
+            let (oc, os) = pair_processes(&pair, &s, &c);
+            assert!(oc.contains(": PASS") && os.contains(": PASS"), "{oc}\n{os}");
+        }
+    }
+    // A bad R_Key is REM_ACCESS_ERR for the requester, and both sides agree.
+    let base = [
+        "probe",
+        "-d",
+        "veth0",
+        "--op",
+        "write",
+        "-n",
+        "1",
+        "--bad-rkey",
+        "-p",
+        "18999",
+    ];
+    let mut s: Vec<&str> = base.to_vec();
+    s.extend(["--role", "tgt"]);
+    let mut c: Vec<&str> = base.to_vec();
+    c.extend(["--role", "req"]);
+    let (oc, os) = pair_processes(&pair, &s, &c);
+    assert!(
+        oc.contains("bad-rkey: PASS") && os.contains("bad-rkey: PASS"),
+        "{oc}\n{os}"
+    );
+}

@@ -7,8 +7,10 @@ set -euo pipefail
 PKGS=(
     # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts
     clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
-    # tests: network namespaces, veth, loss injection, captures
-    iproute2 nftables tcpdump iputils-ping
+    # tests: network namespaces, veth, loss injection, captures, dropping root
+    iproute2 nftables tcpdump iputils-ping util-linux
+    # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod), our verbs probe
+    qemu-system-x86 kmod libibverbs-dev
 )
 
 missing=()

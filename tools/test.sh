@@ -4,3 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --all-targets
+# Interop with Linux rxe in a qemu VM (needs root; prints SKIPPED without it, and
+# fails instead when ROCE_REQUIRE_ROOT=1, as in CI).
+tools/rxe-interop

@@ -5,7 +5,9 @@
 pub mod demo;
 pub mod endpoint;
 pub mod exchange;
+pub mod perftest;
 pub mod pingpong;
+pub mod probe;
 pub mod progress;
 pub mod stats;
 pub mod workload;

@@ -123,8 +123,19 @@ impl Tracker {
         } else {
             // A response (or a CNP): sent by the responder to the requester's QP.
             let req_qp = bth.dest_qp();
-            let flow = match self.pairs.get(&(src, dst, req_qp)) {
-                Some(k) => Some(*k),
+            let in_window = |st: &FlowStats| {
+                st.window
+                    .is_some_and(|(lo, hi)| !psn.is_before(lo) && !psn.is_after(hi))
+            };
+            // The flow this requester QP was last paired with, if the PSN still fits it;
+            // QP numbers are reused by later connections (a new process, a new QP).
+            let cached = self
+                .pairs
+                .get(&(src, dst, req_qp))
+                .copied()
+                .filter(|k| self.flows.get(k).is_some_and(in_window));
+            let flow = match cached {
+                Some(k) => Some(k),
                 None => {
                     let found = self
                         .flows
@@ -133,9 +144,8 @@ impl Tracker {
                             k.requester == dst
                                 && k.responder == src
                                 && k.src_qp.is_none()
-                                && s.requester_qp.is_none()
-                                && s.window
-                                    .is_some_and(|(lo, hi)| !psn.is_before(lo) && !psn.is_after(hi))
+                                && s.requester_qp.is_none_or(|q| q == req_qp)
+                                && in_window(s)
                         })
                         .max_by_key(|(_, s)| s.first_frame)
                         .map(|(k, _)| *k);

@@ -2,7 +2,10 @@
 //!
 //! Four views of the same pass over the file: the full explanation (default), one line
 //! per frame (`--brief`), a sequence diagram per QP connection (`--ladder`), and one JSON
-//! object per frame (`--json`). The first three end with a summary.
+//! object per frame (`--json`). The first three end with a summary. `--check` prints
+//! only what is wrong: the first frame that fails a check (checksums, ICRC, structure)
+//! explained in full, and the requests sent again and again (a stall: the receiver
+//! dropped them or their answers), for the interop harness to name the culprit.
 
 pub mod explain;
 pub mod flows;
@@ -25,6 +28,7 @@ pub enum Mode {
     Brief,
     Ladder,
     Json,
+    Check,
 }
 
 /// Why `decode` stopped.
@@ -57,6 +61,14 @@ struct Summary {
     icrc_bad: Vec<usize>,
     retransmitted: Vec<(usize, FlowKey, u32)>,
     naks: Vec<(usize, String)>,
+    /// `--check`: the first bad frame, explained.
+    first_bad: Option<String>,
+    bad: usize,
+    /// `--check`: request (flow, PSN) -> (first frame, times sent, explanation of it).
+    sends: std::collections::HashMap<SendKey, (usize, u32)>,
+    /// `--check`: the highest PSN any response of a flow carried (ACK, NAK, RNR NAK,
+    /// READ response, atomic ACK): requests up to it were answered.
+    answered: std::collections::HashMap<FlowKey, crate::wire::Psn>,
 }
 
 /// What kind of non-RoCE frame this is, in a few words.
@@ -156,7 +168,9 @@ pub fn short_label(f: &Frame<'_>) -> String {
 }
 
 /// Decodes `path` into `out` in the given mode.
-pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeError> {
+/// Decodes `path` in `mode`; returns the number of problems `--check` found (0 in the
+/// other modes).
+pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, DecodeError> {
     let cap = Capture::open(path)?;
     let packets = cap.packets()?;
     let mut tracker = Tracker::default();
@@ -191,11 +205,15 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeErr
                     icrc_ok,
                 };
                 record(&mut sum, &seen);
+                if mode == Mode::Check {
+                    check_frame(&mut sum, &seen);
+                }
                 match mode {
                     Mode::Full => full(&mut text, &seen),
                     Mode::Brief => brief(&mut text, &seen),
                     Mode::Ladder => ladder.push(&seen),
                     Mode::Json => json::roce(&mut text, &seen),
+                    Mode::Check => {}
                 }
             }
             Err(e) => {
@@ -244,6 +262,18 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeErr
                         );
                     }
                     Mode::Ladder => {}
+                    Mode::Check => {
+                        if broken {
+                            sum.bad += 1;
+                            if sum.first_bad.is_none() {
+                                sum.first_bad = Some(format!(
+                                    "frame {} t={rel:.6}s: MALFORMED RoCEv2: {}\n",
+                                    p.index,
+                                    sum.malformed.last().map_or("", |m| m.1.as_str())
+                                ));
+                            }
+                        }
+                    }
                     Mode::Json => json::other(&mut text, &p, rel, &e, broken),
                 }
             }
@@ -256,7 +286,12 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeErr
         ladder.render(&mut text, &tracker);
         out.write_all(text.as_bytes())?;
     }
-    if mode != Mode::Json {
+    let mut problems = 0;
+    if mode == Mode::Check {
+        text.clear();
+        problems = check_report(&mut text, &sum);
+        out.write_all(text.as_bytes())?;
+    } else if mode != Mode::Json {
         text.clear();
         summary(&mut text, &sum, &tracker);
         out.write_all(text.as_bytes())?;
@@ -264,8 +299,83 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<(), DecodeErr
     out.flush()?;
     match failure {
         Some(e) => Err(e.into()),
-        None => Ok(()),
+        None => Ok(problems),
     }
+}
+
+/// A request of one flow: (flow, PSN).
+type SendKey = (FlowKey, u32);
+
+/// A request sent this many times is reported as unanswered.
+const STALL_SENDS: u32 = 3;
+
+fn check_frame(sum: &mut Summary, s: &Seen<'_>) {
+    let f = &s.frame;
+    if let Err(e) = f.verify() {
+        sum.bad += 1;
+        if sum.first_bad.is_none() {
+            let mut t = format!("first bad frame: {} ({e})\n", s.packet.index);
+            full(&mut t, s);
+            sum.first_bad = Some(t);
+        }
+    }
+    let r = f.roce();
+    let Some(k) = s.obs.flow else { return };
+    let psn = r.bth().psn();
+    if r.info().request {
+        let e = sum
+            .sends
+            .entry((k, psn.value()))
+            .or_insert((s.packet.index, 0));
+        e.1 += 1;
+    } else if s.icrc_ok {
+        let a = sum.answered.entry(k).or_insert(psn);
+        if psn.is_after(*a) {
+            *a = psn;
+        }
+    }
+}
+
+/// The `--check` report; returns how many problems it found.
+fn check_report(out: &mut String, s: &Summary) -> usize {
+    // Sent again and again and never answered: no response of its flow reached its PSN.
+    let mut stalls: Vec<(&SendKey, &(usize, u32))> = s
+        .sends
+        .iter()
+        .filter(|((k, psn), v)| {
+            v.1 >= STALL_SENDS
+                && s.answered
+                    .get(k)
+                    .is_none_or(|a| crate::wire::Psn::new(*psn).is_after(*a))
+        })
+        .collect();
+    stalls.sort_by_key(|(_, v)| v.0);
+    let _ = writeln!(
+        out,
+        "check: {} frames, {} RoCEv2, {} failing a check, {} requests sent {STALL_SENDS} times or more and never answered",
+        s.frames,
+        s.roce,
+        s.bad,
+        stalls.len()
+    );
+    if let Some(b) = &s.first_bad {
+        out.push_str(b);
+    }
+    for ((k, psn), (first, n)) in stalls.iter().take(10) {
+        let _ = writeln!(
+            out,
+            "unanswered: frame {first}: PSN 0x{psn:06x} from {} to {} QP 0x{:06x} was sent {n} times; \
+             the receiver dropped it or its answer (bad ICRC, wrong QP state, PSN or key), or is gone",
+            k.requester, k.responder, k.responder_qp
+        );
+    }
+    if s.bad == 0 && stalls.is_empty() {
+        let _ = writeln!(
+            out,
+            "check: every frame passes, no request was left unanswered"
+        );
+    }
+    s.bad + stalls.len()
 }
 
 fn record(sum: &mut Summary, s: &Seen<'_>) {

@@ -109,6 +109,18 @@ impl Memory {
         Ok(())
     }
 
+    /// The byte at `offset`, read with a volatile load: for polling memory that the wire
+    /// writes without a completion telling when (perftest's latency loop). Ordinary
+    /// reads may be assumed unchanged between two of them by the compiler; after a
+    /// completion was polled they are fine (the CQ orders them).
+    #[inline]
+    pub fn load_volatile(&self, offset: usize) -> Result<u8, OutOfBounds> {
+        self.check(offset, 1)?;
+        // SAFETY: `offset` is inside the allocation (checked above); a byte has no
+        // alignment requirement.
+        Ok(unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(offset)) })
+    }
+
     /// Copies `src` into the memory at `offset`.
     #[inline]
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), OutOfBounds> {
