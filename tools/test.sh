@@ -5,5 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo test --all-targets
 # Interop with Linux rxe in a qemu VM (needs root; prints SKIPPED without it, and
-# fails instead when ROCE_REQUIRE_ROOT=1, as in CI).
+# fails instead when ROCE_REQUIRE_ROOT=1, as in CI). First the harness's self-test:
+# a step whose frames are all dropped must fail and have its frame named.
+tools/rxe-interop --self-test
 tools/rxe-interop
