@@ -293,8 +293,7 @@ fn setup_errors_name_the_problem() {
 
 fn pingpong_pair(pair: &Pair, port: u16, extra: &[&str]) -> (String, String) {
     let p = port.to_string();
-    let mut server = pair.b.command(bin());
-    server.args([
+    let mut a = vec![
         "pingpong",
         "-d",
         "veth0",
@@ -304,28 +303,9 @@ fn pingpong_pair(pair: &Pair, port: u16, extra: &[&str]) -> (String, String) {
         &p,
         "--timeout",
         "20",
-    ]);
-    server.args(extra);
-    let server = Child::spawn(server);
-    let mut client = pair.a.command(bin());
-    client.args([
-        "pingpong",
-        "-d",
-        "veth0",
-        "-g",
-        "1",
-        "-p",
-        &p,
-        "--timeout",
-        "20",
-    ]);
-    client.args(extra);
-    client.arg(pair.ip_b.to_string());
-    let client = Child::spawn(client);
-    let (ok_c, out_c) = client.finish(60);
-    let (ok_s, out_s) = server.finish(30);
-    assert!(ok_c && ok_s, "client:\n{out_c}\nserver:\n{out_s}");
-    (out_c, out_s)
+    ];
+    a.extend_from_slice(extra);
+    pair_processes(pair, &a, &a)
 }
 
 #[test]
@@ -458,4 +438,88 @@ fn probe_commands_check_every_operation_both_ways() {
         oc.contains("bad-rkey: PASS") && os.contains("bad-rkey: PASS"),
         "{oc}\n{os}"
     );
+}
+
+#[test]
+fn stats_reads_what_a_command_published() {
+    if !need_root() {
+        return;
+    }
+    let pair = Pair::new("rxt", 12, 1500).unwrap();
+    let dir = std::env::temp_dir().join(format!("roce-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (fa, fb) = (dir.join("a.json"), dir.join("b.json"));
+    let (fa_s, fb_s) = (fa.to_string_lossy(), fb.to_string_lossy());
+    let common = ["pingpong", "-d", "veth0", "-n", "100", "-p", "18530"];
+    let mut s: Vec<&str> = common.to_vec();
+    s.extend(["--stats-file", &fb_s]);
+    let mut c: Vec<&str> = common.to_vec();
+    c.extend(["--stats-file", &fa_s]);
+    pair_processes(&pair, &s, &c);
+    let o = std::process::Command::new(bin())
+        .args(["stats", &fa_s, &fb_s])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    // Both final reports, with rxe's counter names and what they mean.
+    assert_eq!(out.matches("ended: final report").count(), 2, "{out}");
+    assert!(
+        out.contains("rdma_sends") && out.contains("SEND work requests completed"),
+        "{out}"
+    );
+    assert!(out.contains("XDP program: seen"), "{out}");
+    let o = std::process::Command::new(bin())
+        .args(["stats", "--json", &fa_s])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["final"], true);
+    assert_eq!(v["counters"]["rdma_sends"], 100);
+    assert_eq!(v["counters"]["rdma_recvs"], 100);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn demo_cleans_up_on_ctrl_c() {
+    if !need_root() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("roce-demo-int-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = std::process::Command::new(bin());
+    c.args(["demo", "--no-pcap", "--bytes", "4G"])
+        .current_dir(&dir);
+    let child = Child::spawn(c);
+    let pid = child.0.as_ref().unwrap().id();
+    // Interrupt it in the middle of the long WRITE step.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let ns = || {
+        let o = std::process::Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("roce-demoa-{pid}-"))
+                    || l.contains(&format!("roce-demob-{pid}-"))
+            })
+            .count()
+    };
+    while ns() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the demo made no namespaces"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // SAFETY: signalling our own child by its PID.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let (ok, out) = child.finish(30);
+    assert!(!ok, "{out}");
+    assert!(out.contains("interrupted"), "{out}");
+    assert_eq!(ns(), 0, "namespaces left behind:\n{out}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -216,11 +216,12 @@ impl Endpoint {
     pub fn next_wc(&self, timeout: Duration) -> Result<Wc, String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(w) = self.cq.poll_one() {
-                return Ok(w);
-            }
+            // Checked first: a busy stream always has a completion ready.
             if super::interrupted() {
                 return Err("interrupted".into());
+            }
+            if let Some(w) = self.cq.poll_one() {
+                return Ok(w);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -12,7 +12,9 @@ pub mod progress;
 pub mod stats;
 pub mod workload;
 
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -36,4 +38,65 @@ pub fn catch_interrupts() {
 /// True once Ctrl-C was pressed (after `catch_interrupts`).
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Connects to `host:port`, retrying until `timeout` (the server may not listen yet,
+/// as when a script starts both sides); Ctrl-C stops it.
+pub fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .collect();
+    let deadline = Instant::now() + timeout;
+    // The server may not listen yet: retry for a while, as a script starting both would
+    // want.
+    loop {
+        let mut last = String::new();
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = format!("Couldn't connect to {host}:{port}: {e}"),
+            }
+        }
+        if Instant::now() > deadline || interrupted() {
+            return Err(last);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Listens on TCP `port` (all IPv4 addresses, as the rdma-core tools) and accepts one
+/// client within `timeout`, then stops listening.
+pub fn serve_one(port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    let l = TcpListener::bind(("0.0.0.0", port))
+        .map_err(|e| format!("listening on TCP port {port}: {e}"))?;
+    accept(&l, timeout)
+}
+
+/// Accepts one connection on `l` within `timeout` (Ctrl-C stops it); the stream gets
+/// `timeout` as its read timeout.
+pub fn accept(l: &TcpListener, timeout: Duration) -> Result<TcpStream, String> {
+    l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                s.set_read_timeout(Some(timeout))
+                    .map_err(|e| e.to_string())?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err(format!("no client within {} s", timeout.as_secs()));
+                }
+                if interrupted() {
+                    return Err("interrupted".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
 }

@@ -26,7 +26,7 @@ use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts, Remote};
 use crate::runtime::Device;
 use crate::verbs::{AccessFlags, Mtu, QpType, RecvWr, SendWr, WcStatus};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 /// perftest's VERSION for Debian 12's perftest 4.5+0.17.
@@ -216,12 +216,8 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
     // TCP first: perftest's order.
     let client = o.host.is_some();
     let s = match &o.host {
-        Some(h) => connect_tcp(h, o.port, o.wait)?,
-        None => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("listening on TCP port {}: {e}", o.port))?;
-            l.accept().map_err(|e| e.to_string())?.0
-        }
+        Some(h) => super::connect_tcp(h, o.port, o.wait)?,
+        None => super::serve_one(o.port, o.wait)?,
     };
     s.set_read_timeout(Some(o.wait * 4))
         .map_err(|e| e.to_string())?;
@@ -650,26 +646,6 @@ impl Run<'_> {
             lat_avg: avg,
             ..Report::default()
         })
-    }
-}
-
-fn connect_tcp(host: &str, port: u16, wait: Duration) -> Result<TcpStream, String> {
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .map_err(|x| format!("{host}: {x}"))?
-        .collect();
-    let end = Instant::now() + wait;
-    loop {
-        for a in &addrs {
-            if let Ok(s) = TcpStream::connect_timeout(a, Duration::from_secs(2)) {
-                return Ok(s);
-            }
-        }
-        if Instant::now() > end || super::interrupted() {
-            return Err(format!("Couldn't connect to {host}:{port}"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -13,7 +13,7 @@ use crate::runtime::Device;
 use crate::verbs::{
     AccessFlags, Mtu, QpType, RecvWr, SendFlags, SendWr, UdDest, WcStatus, device::ip_of,
 };
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// The 40 bytes a UD receive buffer reserves for the GRH.
@@ -168,16 +168,13 @@ pub fn run(
     };
     let remote = match &o.host {
         Some(h) => {
-            let mut s = connect_tcp(h, o.port, o.timeout)?;
+            let mut s = super::connect_tcp(h, o.port, o.timeout)?;
             let r = pp_client(&mut s, &me)?;
             connect(&r)?;
             r
         }
         None => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|x| format!("listening on TCP port {}: {x}", o.port))?;
-            let mut s = accept(&l, o.timeout)?;
-            drop(l);
+            let mut s = super::serve_one(o.port, o.timeout)?;
             let r = pp_server_read(&mut s)?;
             connect(&r)?;
             pp_server_reply(&mut s, &me)?;
@@ -288,55 +285,6 @@ pub fn run(
     };
     let _ = dev.destroy_qp(e.qp.clone());
     Ok(r)
-}
-
-fn connect_tcp(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{host}: {e}"))?
-        .collect();
-    let deadline = Instant::now() + timeout;
-    // The server may not listen yet: retry for a while, as a script starting both would
-    // want.
-    loop {
-        let mut last = String::new();
-        for a in &addrs {
-            match TcpStream::connect_timeout(a, Duration::from_secs(2)) {
-                Ok(s) => return Ok(s),
-                Err(e) => last = format!("Couldn't connect to {host}:{port}: {e}"),
-            }
-        }
-        if Instant::now() > deadline || super::interrupted() {
-            return Err(last);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn accept(l: &TcpListener, timeout: Duration) -> Result<TcpStream, String> {
-    l.set_nonblocking(true).map_err(|e| e.to_string())?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        match l.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false).map_err(|e| e.to_string())?;
-                s.set_read_timeout(Some(timeout))
-                    .map_err(|e| e.to_string())?;
-                return Ok(s);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    return Err(format!("no client within {} s", timeout.as_secs()));
-                }
-                if super::interrupted() {
-                    return Err("interrupted".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    }
 }
 
 /// The GID index a command uses when `-g` is not given: the first IPv4 GID (as perftest

@@ -22,7 +22,7 @@ use crate::verbs::{
     AccessFlags, MrInfo, Mtu, QpType, RecvWr, SendWr, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const REC_LEN: usize = 128;
@@ -238,7 +238,7 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
     co.max_dest_rd_atomic = 8;
     let mut s = match &o.host {
         Some(h) => {
-            let mut s = connect_tcp(h, o.port, o.wait)?;
+            let mut s = super::connect_tcp(h, o.port, o.wait)?;
             s.write_all(&msg(&rec, REC_LEN))
                 .map_err(|x| x.to_string())?;
             let peer = read_msg(&mut s, REC_LEN)?;
@@ -247,9 +247,7 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
             (s, r, addr, rkey)
         }
         None => {
-            let l = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|x| format!("listening on TCP port {}: {x}", o.port))?;
-            let (mut s, _) = l.accept().map_err(|x| x.to_string())?;
+            let mut s = super::serve_one(o.port, o.wait)?;
             let peer = read_msg(&mut s, REC_LEN)?;
             let (r, addr, rkey) = parse_record(&peer)?;
             e.connect(&r, &co).map_err(|x| x.to_string())?;
@@ -549,26 +547,6 @@ fn target_memory(e: &Endpoint, o: &Opts) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn connect_tcp(host: &str, port: u16, wait: Duration) -> Result<TcpStream, String> {
-    use std::net::ToSocketAddrs;
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .map_err(|x| format!("{host}: {x}"))?
-        .collect();
-    let end = Instant::now() + wait;
-    loop {
-        for a in &addrs {
-            if let Ok(s) = TcpStream::connect_timeout(a, Duration::from_secs(2)) {
-                return Ok(s);
-            }
-        }
-        if Instant::now() > end || super::interrupted() {
-            return Err(format!("cannot connect to {host}:{port}"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[cfg(test)]
