@@ -291,6 +291,7 @@ mod tests {
 /// the simulator: `roce-xdp decode` and Wireshark read what it writes.
 pub struct Writer<W: std::io::Write> {
     inner: pcap_file::pcap::PcapWriter<W>,
+    frames: u64,
 }
 
 impl<W: std::io::Write> Writer<W> {
@@ -303,13 +304,20 @@ impl<W: std::io::Write> Writer<W> {
         };
         Ok(Writer {
             inner: pcap_file::pcap::PcapWriter::with_header(w, header)?,
+            frames: 0,
         })
     }
 
     /// Appends one frame captured at `time` (since any origin).
     pub fn write(&mut self, time: Duration, frame: &[u8]) -> Result<(), PcapError> {
         let p = pcap_file::pcap::PcapPacket::new(time, frame.len() as u32, frame);
+        self.frames += 1;
         self.inner.write_packet(&p).map(|_| ())
+    }
+
+    /// Frames written so far.
+    pub fn frames(&self) -> u64 {
+        self.frames
     }
 
     pub fn into_inner(self) -> W {

@@ -78,6 +78,9 @@ struct DevArgs {
     /// Longest wait for the peer or for one completion, in seconds.
     #[arg(long, default_value_t = 60)]
     timeout: u64,
+    /// Engine threads, one per group of receive queues (AF_XDP).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -178,6 +181,9 @@ struct DemoArgs {
     /// Engine threads spin when idle: lower latency, two cores busy.
     #[arg(long)]
     busy_poll: bool,
+    /// Queues on each veth end and engine threads per device (one per queue).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -235,6 +241,9 @@ struct PingpongArgs {
     /// Where to publish counters (default: a file `roce-xdp stats` finds).
     #[arg(long)]
     stats_file: Option<PathBuf>,
+    /// Engine threads, one per group of receive queues (AF_XDP).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
 }
 
 #[derive(Args)]
@@ -341,6 +350,7 @@ fn run_demo(a: DemoArgs) -> ExitCode {
         pcap: (!a.no_pcap).then_some(a.pcap),
         udp: a.udp,
         busy_poll: a.busy_poll,
+        threads: a.threads,
         ..demo::Opts::default()
     };
     if a.quick {
@@ -405,6 +415,7 @@ fn pingpong_inner(a: PingpongArgs) -> Result<(), String> {
         }
     };
     cfg.pcap = a.pcap;
+    cfg.threads = a.threads;
     cfg.stats_file = Some(a.stats_file.unwrap_or_else(|| stats::default_path(&label)));
     let dev = Device::open(cfg).map_err(|e| e.to_string())?;
     let gidx = a
@@ -488,6 +499,7 @@ fn open_dev(d: &DevArgs, label: &str) -> Result<Device, String> {
         }
     };
     cfg.pcap = d.pcap.clone();
+    cfg.threads = d.threads;
     cfg.stats_file = Some(
         d.stats_file
             .clone()

@@ -85,14 +85,44 @@ impl Pair {
     /// Creates the namespaces and the link, addresses in 198.18.0.0/24 (`.1` and `.2`
     /// unless `third_octet` moves them to 198.18.N.0/24), MTU `mtu`, both ends up.
     pub fn new(prefix: &str, third_octet: u8, mtu: u32) -> Result<Pair, String> {
+        Pair::with_queues(prefix, third_octet, mtu, 1)
+    }
+
+    /// As `new`, with `queues` receive and transmit queues on each end (for one engine
+    /// thread per queue).
+    pub fn with_queues(
+        prefix: &str,
+        third_octet: u8,
+        mtu: u32,
+        queues: u32,
+    ) -> Result<Pair, String> {
         let a = Netns::new(&format!("{prefix}a"))?;
         let b = Netns::new(&format!("{prefix}b"))?;
         let ifname = "veth0".to_string();
         let ip_a = Ipv4Addr::new(198, 18, third_octet, 1);
         let ip_b = Ipv4Addr::new(198, 18, third_octet, 2);
         let peer = format!("vp{}", SEQ.fetch_add(1, Ordering::SeqCst));
+        let q = queues.max(1).to_string();
         a.exec(&[
-            "ip", "link", "add", &ifname, "type", "veth", "peer", "name", &peer, "netns", &b.name,
+            "ip",
+            "link",
+            "add",
+            &ifname,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &peer,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "netns",
+            &b.name,
         ])?;
         b.exec(&["ip", "link", "set", &peer, "name", &ifname])?;
         for (ns, ip) in [(&a, ip_a), (&b, ip_b)] {

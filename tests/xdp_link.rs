@@ -523,3 +523,97 @@ fn demo_cleans_up_on_ctrl_c() {
     assert_eq!(ns(), 0, "namespaces left behind:\n{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn one_engine_thread_per_queue() {
+    if !need_root() {
+        return;
+    }
+    // Two queues on each veth end, two engine threads per device: RC QPs settle at RTR
+    // on the thread the peer's UDP port selects, on both sides alike, so each side's
+    // frames arrive on the queue of the thread that holds their QP.
+    let pair = Pair::with_queues("rxq", 13, 1500, 2).unwrap();
+    let mut ca = roce_xdp::runtime::RuntimeConfig::xdp(&pair.ifname);
+    ca.threads = 2;
+    ca.netns = Some(pair.a.name.clone());
+    let mut cb = ca.clone();
+    cb.netns = Some(pair.b.name.clone());
+    let da = roce_xdp::runtime::Device::open(ca).unwrap();
+    let db = roce_xdp::runtime::Device::open(cb).unwrap();
+    assert_eq!(da.threads(), 2);
+    println!("{}", da.info().link);
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let mut ends = Vec::new();
+    for _ in 0..6 {
+        let a = end(da.clone(), QpType::Rc, (4 << 20) + 4096);
+        let b = end(db.clone(), QpType::Rc, (4 << 20) + 4096);
+        join(&a, ip_a, &b, ip_b, 12);
+        ends.push((a, b));
+    }
+    // Every pair at once, each from its own thread, every byte checked.
+    std::thread::scope(|s| {
+        for (i, (a, b)) in ends.iter().enumerate() {
+            s.spawn(move || {
+                workload::mixed(
+                    a,
+                    b,
+                    8 << 20,
+                    256 << 10,
+                    0x700 + i as u64,
+                    &mut Progress::hidden(),
+                )
+                .unwrap_or_else(|e| panic!("pair {i}: {e}"))
+            });
+        }
+    });
+    let per = |d: &roce_xdp::runtime::Device| -> Vec<(u64, u64, usize)> {
+        d.thread_stats()
+            .iter()
+            .map(|s| (s.counters.rcvd_pkts, s.forwarded, s.qps))
+            .collect()
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let (pa, pb) = (per(&da), per(&db));
+    println!("A per thread (received, handed over, QPs): {pa:?}\nB: {pb:?}");
+    // Both threads of each device held QPs and moved traffic.
+    for p in [&pa, &pb] {
+        assert!(p.iter().all(|x| x.0 > 0 && x.2 > 0), "{p:?}");
+        // Aligned: nothing had to be handed to the other thread.
+        assert!(p.iter().all(|x| x.1 == 0), "{p:?}");
+    }
+    // The counters of the device add its threads up.
+    let total = da.counters().unwrap();
+    assert_eq!(total.rcvd_pkts, pa.iter().map(|x| x.0).sum::<u64>());
+    // An SRQ cannot be shared across engine threads: a clear error.
+    let e = da.create_srq(ends[0].0.pd, 16, 1).unwrap_err().to_string();
+    assert!(e.contains("one engine thread"), "{e}");
+}
+
+#[test]
+fn frames_on_another_threads_queue_are_handed_over() {
+    if !need_root() {
+        return;
+    }
+    // The peer has one engine thread over both queues and sends on them in turn, so
+    // half of what reaches the two-thread device lands on the queue of the thread that
+    // does not hold the QP: it must be handed over, and nothing lost.
+    let pair = Pair::with_queues("rxh", 14, 1500, 2).unwrap();
+    let mut ca = roce_xdp::runtime::RuntimeConfig::xdp(&pair.ifname);
+    ca.threads = 2;
+    ca.netns = Some(pair.a.name.clone());
+    let mut cb = roce_xdp::runtime::RuntimeConfig::xdp(&pair.ifname);
+    cb.netns = Some(pair.b.name.clone());
+    let da = roce_xdp::runtime::Device::open(ca).unwrap();
+    let db = roce_xdp::runtime::Device::open(cb).unwrap();
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let a = end(da.clone(), QpType::Rc, MIXED_MEM);
+    let b = end(db.clone(), QpType::Rc, MIXED_MEM);
+    join(&a, ip_a, &b, ip_b, 12);
+    workload::mixed(&a, &b, 16 << 20, 1 << 20, 0x4a4d, &mut Progress::hidden())
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_millis(100));
+    let s = da.stats();
+    println!("handed over {}, dropped {}", s.forwarded, s.forward_dropped);
+    assert!(s.forwarded > 0, "nothing arrived on the other queue?");
+    assert_eq!(da.counters().unwrap().drop_unknown_qp, 0);
+}

@@ -37,6 +37,8 @@ pub struct Opts {
     pub udp: bool,
     /// Engine threads spin instead of sleeping when idle (lower latency, two busy cores).
     pub busy_poll: bool,
+    /// Queues per veth end and engine threads per device (AF_XDP only).
+    pub threads: usize,
 }
 
 impl Default for Opts {
@@ -52,6 +54,7 @@ impl Default for Opts {
             pcap_frames: 20_000,
             udp: false,
             busy_poll: false,
+            threads: 1,
         }
     }
 }
@@ -86,7 +89,12 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
     let pair;
     let (ca, cb, ip_a, ip_b) = match xdp {
         Ok(()) => {
-            pair = Some(Pair::new("roce-demo", 0, o.netdev_mtu)?);
+            pair = Some(Pair::with_queues(
+                "roce-demo",
+                0,
+                o.netdev_mtu,
+                o.threads.max(1) as u32,
+            )?);
             let p = pair.as_ref().ok_or("no pair")?;
             say(&format!(
                 "namespaces {} ({}) and {} ({}), veth MTU {}",
@@ -94,6 +102,7 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
             ));
             let mut ca = RuntimeConfig::xdp(&p.ifname);
             ca.netns = Some(p.a.name.clone());
+            ca.threads = o.threads.max(1);
             let mut cb = ca.clone();
             cb.netns = Some(p.b.name.clone());
             (ca, cb, IpAddr::V4(p.ip_a), IpAddr::V4(p.ip_b))

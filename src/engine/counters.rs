@@ -175,6 +175,48 @@ impl Counters {
         }
     }
 
+    /// Adds another engine's counters (the runtime's shards report one device).
+    pub fn add(&mut self, o: &Counters) {
+        self.sent_pkts += o.sent_pkts;
+        self.rcvd_pkts += o.rcvd_pkts;
+        self.duplicate_request += o.duplicate_request;
+        self.out_of_seq_request += o.out_of_seq_request;
+        self.rcvd_rnr_err += o.rcvd_rnr_err;
+        self.send_rnr_err += o.send_rnr_err;
+        self.rcvd_seq_err += o.rcvd_seq_err;
+        self.ack_deferred += o.ack_deferred;
+        self.retry_exceeded_err += o.retry_exceeded_err;
+        self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
+        self.completer_retry_err += o.completer_retry_err;
+        self.send_err += o.send_err;
+        self.link_downed += o.link_downed;
+        self.rdma_sends += o.rdma_sends;
+        self.rdma_recvs += o.rdma_recvs;
+        self.retransmitted_pkts += o.retransmitted_pkts;
+        self.timeouts += o.timeouts;
+        self.nak_seq_sent += o.nak_seq_sent;
+        self.nak_inv_req_sent += o.nak_inv_req_sent;
+        self.nak_rem_access_sent += o.nak_rem_access_sent;
+        self.nak_rem_op_sent += o.nak_rem_op_sent;
+        self.acks_sent += o.acks_sent;
+        self.ud_too_long += o.ud_too_long;
+        self.drop_not_roce += o.drop_not_roce;
+        self.drop_malformed += o.drop_malformed;
+        self.drop_bad_checksum += o.drop_bad_checksum;
+        self.drop_bad_icrc += o.drop_bad_icrc;
+        self.drop_not_for_us += o.drop_not_for_us;
+        self.drop_unknown_qp += o.drop_unknown_qp;
+        self.drop_wrong_state += o.drop_wrong_state;
+        self.drop_wrong_transport += o.drop_wrong_transport;
+        self.drop_wrong_path += o.drop_wrong_path;
+        self.drop_bad_pkey += o.drop_bad_pkey;
+        self.drop_bad_qkey += o.drop_bad_qkey;
+        self.drop_no_recv_wqe += o.drop_no_recv_wqe;
+        self.drop_uc_msg += o.drop_uc_msg;
+        self.drop_stale_response += o.drop_stale_response;
+        self.drop_silent_request += o.drop_silent_request;
+    }
+
     /// All drops added up.
     pub fn drops(&self) -> u64 {
         self.drop_not_roce

@@ -109,6 +109,41 @@ impl MrTable {
         Ok(info)
     }
 
+    /// Registers a copy of a region another engine of the same device registered, with
+    /// its keys (the runtime's shards keep identical tables: every shard sees the same
+    /// registrations in the same order, so the slot is free here too).
+    pub fn register_replica(
+        &mut self,
+        info: MrInfo,
+        mem: Arc<Memory>,
+        offset: usize,
+    ) -> Result<(), Error> {
+        let idx = (info.lkey >> 8) as usize;
+        if idx == 0 || idx != (info.rkey >> 8) as usize || idx >= 1 << 24 {
+            return Err(Error::InvalidMr("replica keys of different indices"));
+        }
+        if offset
+            .checked_add(info.length as usize)
+            .is_none_or(|e| e > mem.len())
+        {
+            return Err(Error::InvalidMr("the range is outside the memory"));
+        }
+        while self.slots.len() <= idx {
+            self.slots.push(None);
+            self.last_byte.push((0, 0));
+        }
+        if self.slots[idx].is_some() {
+            return Err(Error::InvalidMr(
+                "the replica's slot is taken: shards out of step",
+            ));
+        }
+        self.free.retain(|&i| i != idx);
+        self.last_byte[idx] = (info.lkey as u8, info.rkey as u8);
+        self.slots[idx] = Some(Arc::new(MrInner::new(info, mem, offset)));
+        self.count += 1;
+        Ok(())
+    }
+
     /// Deregisters the region of `lkey`: later packets are refused, operations already
     /// holding it finish on memory that stays allocated until they drop it.
     /// Returns the region's PD.

@@ -173,6 +173,9 @@ impl Ctx {
     }
 }
 
+/// A QP on its way from one engine to another (`Engine::take_qp`, `Engine::adopt_qp`).
+pub struct MovedQp(Box<Qp>);
+
 /// A software RDMA device: the verbs objects and the RoCEv2 transport.
 pub struct Engine {
     ctx: Ctx,
@@ -342,6 +345,22 @@ impl Engine {
         )?;
         self.pd_use(pd, 1)?;
         Ok(info)
+    }
+
+    /// Registers a region another engine of the same device registered, with the same
+    /// keys (see `runtime`: one engine per queue, identical object tables).
+    pub fn reg_mr_replica(
+        &mut self,
+        info: &MrInfo,
+        mem: &Arc<Memory>,
+        offset: usize,
+    ) -> Result<(), Error> {
+        self.ctx.pds.get(info.pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: info.pd,
+        })?;
+        self.ctx.mrs.register_replica(*info, mem.clone(), offset)?;
+        self.pd_use(info.pd, 1)
     }
 
     /// `ibv_dereg_mr`. Safe while traffic for the key is in flight: later packets are
@@ -632,6 +651,86 @@ impl Engine {
         self.pd_use(qp.pd, -1)?;
         self.ready.retain(|q| *q != qpn);
         Ok(())
+    }
+
+    /// True when QP `qpn` lives in this engine.
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps.contains_key(&qpn)
+    }
+
+    /// The destination QP of a RoCEv2 frame that is not one of this engine's QPs (the
+    /// runtime's shards hand such frames to the engine that owns the QP). `None` for
+    /// frames that are this engine's to judge, unparsable ones included.
+    pub fn foreign_qp(&self, frame: &[u8]) -> Option<u32> {
+        let f = Frame::parse(frame).ok()?;
+        let qpn = f.roce().bth().dest_qp();
+        (!self.qps.contains_key(&qpn)).then_some(qpn)
+    }
+
+    /// The UDP source port the peer of an RC/UC QP sends from, once RTR's attributes are
+    /// known: rxe's port is a symmetric function of both QP numbers (or of the flow
+    /// label), so it is the one this QP sends from too. The runtime places the QP on the
+    /// queue that port hashes to, as RSS would.
+    pub fn peer_udp_sport(&self, qpn: u32, attr: &QpAttr) -> Option<u16> {
+        let qp = self.qps.get(&qpn)?;
+        if qp.qp_type == QpType::Ud {
+            return None;
+        }
+        Some(qp::udp_sport(
+            qp.qp_type,
+            qpn,
+            attr.dest_qp_num,
+            attr.ah_attr.flow_label,
+        ))
+    }
+
+    /// Takes QP `qpn` out of this engine to move it into another engine of the same
+    /// device (`adopt_qp`), with its queues and state. The object tables (PDs, CQs, MRs)
+    /// of the two must be replicas.
+    pub fn take_qp(&mut self, qpn: u32) -> Option<MovedQp> {
+        if self.qps.get(&qpn)?.srq.is_some() {
+            return None;
+        }
+        let mut qp = self.qps.remove(&qpn)?;
+        self.ready.retain(|q| *q != qpn);
+        self.touched_qps.retain(|q| *q != qpn);
+        qp.in_ready = false;
+        qp.timer_at = None;
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        let _ = self.pd_use(qp.pd, -1);
+        Some(MovedQp(Box::new(qp)))
+    }
+
+    /// Adopts a QP `take_qp` took out of another engine.
+    pub fn adopt_qp(&mut self, moved: MovedQp) -> Result<u32, Error> {
+        let qp = *moved.0;
+        let qpn = qp.qpn;
+        if self.qps.contains_key(&qpn) {
+            return Err(Error::InvalidAttribute {
+                name: "qpn",
+                value: u64::from(qpn),
+                reason: "already present in the engine adopting it",
+            });
+        }
+        for cq in [qp.send_cq, qp.recv_cq] {
+            self.ctx.cqs.get_mut(cq).ok_or(Error::NoSuch {
+                kind: "CQ",
+                handle: cq,
+            })?;
+        }
+        self.pd_use(qp.pd, 1)?;
+        for cq in [qp.send_cq, qp.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(cq) {
+                c.users += 1;
+            }
+        }
+        self.qps.insert(qpn, qp);
+        self.schedule(qpn);
+        Ok(qpn)
     }
 
     /// `ibv_post_send`.

@@ -91,7 +91,10 @@ pub struct XdpLinkStats {
 /// An AF_XDP link on one interface.
 pub struct XdpLink {
     ifc: Interface,
-    prog: XdpProgram,
+    /// The XDP program; after `split`, only the first part holds it.
+    prog: Option<XdpProgram>,
+    frags: bool,
+    mode: String,
     queues: Vec<Queue>,
     /// Bytes of frame data one UMEM frame holds.
     frame_mtu: usize,
@@ -154,9 +157,12 @@ impl XdpLink {
             );
             queues.push(q);
         }
+        let (frags, mode) = (prog.frags, prog.mode.clone());
         Ok(XdpLink {
             ifc,
-            prog,
+            prog: Some(prog),
+            frags,
+            mode,
             queues,
             frame_mtu,
             batch: cfg.batch.max(1),
@@ -258,13 +264,54 @@ impl XdpLink {
     }
 
     /// The XDP program's counters.
-    pub fn xdp_stats(&self) -> super::bpf::XdpStats {
-        self.prog.stats()
+    pub fn xdp_stats(&self) -> Option<super::bpf::XdpStats> {
+        self.prog.as_ref().map(|p| p.stats())
+    }
+
+    /// How many RX queues (sockets) the link has.
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Splits the link into `n` links over disjoint sets of its queues (queue index
+    /// `i` goes to part `i % n`), for one engine thread per part. The first part keeps
+    /// the XDP program: it stays attached, and redirecting to every part's sockets,
+    /// until that part is dropped.
+    pub fn split(mut self, n: usize) -> Result<Vec<XdpLink>, String> {
+        if n == 0 || n > self.queues.len() {
+            return Err(format!(
+                "{} engine threads need as many receive queues; {} has {} (ethtool -L, or a veth made with numrxqueues)",
+                n,
+                self.ifc.name,
+                self.queues.len()
+            ));
+        }
+        let mut parts: Vec<XdpLink> = (0..n)
+            .map(|_| XdpLink {
+                ifc: self.ifc.clone(),
+                prog: None,
+                frags: self.frags,
+                mode: self.mode.clone(),
+                queues: Vec::new(),
+                frame_mtu: self.frame_mtu,
+                batch: self.batch,
+                scratch: vec![0u8; MAX_FRAME],
+                next_tx_queue: 0,
+                stats: XdpLinkStats::default(),
+            })
+            .collect();
+        for (i, q) in self.queues.drain(..).enumerate() {
+            parts[i % n].queues.push(q);
+        }
+        // The program goes last into part 0, so it is dropped after nothing: each part
+        // owns its sockets, and the program's link detaches when part 0 drops.
+        parts[0].prog = self.prog.take();
+        Ok(parts)
     }
 
     /// True when frames are chained over several buffers (`XDP_USE_SG`).
     pub fn multi_buffer(&self) -> bool {
-        self.prog.frags
+        self.frags
     }
 
     fn reap_completions(q: &mut Queue) {
@@ -347,7 +394,7 @@ impl FrameLink for XdpLink {
         let batch = self.batch;
         let q = &mut self.queues[qi];
         Self::reap_completions(q);
-        let multi = self.prog.frags;
+        let multi = self.frags;
         // A frame needs up to this many buffers.
         let need = if multi {
             MAX_FRAME.div_ceil(frame_mtu)
@@ -451,12 +498,8 @@ impl FrameLink for XdpLink {
             "AF_XDP on {} ({}; XDP {}{})",
             self.ifc.name,
             q.join(", "),
-            self.prog.mode,
-            if self.prog.frags {
-                ", multi-buffer"
-            } else {
-                ""
-            }
+            self.mode,
+            if self.frags { ", multi-buffer" } else { "" }
         )
     }
 }

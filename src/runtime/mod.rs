@@ -17,6 +17,13 @@
 //!   with the application's threads is safe.
 //! - Dropping the `Device` (or `shutdown`) moves every QP to ERR (flushing its WRs),
 //!   detaches XDP and frees the UMEM.
+//! - With `threads` > 1 (AF_XDP), the interface's queues are split among that many
+//!   engine threads, each with its own engine. PDs, MRs (same keys) and CQs are
+//!   replicated on every thread; a QP is created on thread 0 and, on its way to RTR,
+//!   moves to the thread whose queue the peer's UDP source port selects (`port %
+//!   threads`), as RSS would: two such devices line up queue for queue. A frame that
+//!   arrives on another thread's queue is handed over through a pool of buffers
+//!   (counted as `forwarded`). UD QPs stay on thread 0; SRQs need one thread.
 
 mod worker;
 
@@ -26,7 +33,7 @@ use crate::verbs::{
     AccessFlags, AddressVector, AsyncEvent, DeviceConfig, Error, Gid, Memory, MrInfo, Mtu, QpAttr,
     QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr, Wc,
 };
-use crossbeam::channel::{Receiver, Sender};
+use crossbeam::channel::Receiver;
 use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -66,6 +73,11 @@ pub struct RuntimeConfig {
     pub stats_file: Option<PathBuf>,
     /// Override of the port MTU (IB MTU) the interface's MTU would give.
     pub port_mtu: Option<Mtu>,
+    /// Engine threads (AF_XDP only): the interface's receive queues are split among
+    /// them, each with its own engine. RC/UC QPs settle, at RTR, on the thread whose
+    /// queue the peer's UDP source port selects, as RSS would; frames that arrive on
+    /// another thread's queue are handed over.
+    pub threads: usize,
 }
 
 impl RuntimeConfig {
@@ -83,6 +95,7 @@ impl RuntimeConfig {
             pcap_max_frames: None,
             stats_file: None,
             port_mtu: None,
+            threads: 1,
         }
     }
 
@@ -129,14 +142,14 @@ pub(crate) enum Cmd {
 }
 
 /// The engine thread's wake-up line: an eventfd it polls while asleep.
-struct Wake {
-    fd: i32,
+pub(crate) struct Wake {
+    pub(crate) fd: i32,
     /// Raised by the engine thread before it sleeps.
-    sleeping: Arc<AtomicBool>,
+    pub(crate) sleeping: Arc<AtomicBool>,
 }
 
 impl Wake {
-    fn new() -> Result<Wake, String> {
+    pub(crate) fn new() -> Result<Wake, String> {
         // SAFETY: eventfd takes no pointers.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -148,7 +161,7 @@ impl Wake {
         })
     }
     /// Wakes the engine thread if it sleeps.
-    fn ring(&self) {
+    pub(crate) fn ring(&self) {
         if self.sleeping.load(Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes from a live u64 to our eventfd.
@@ -165,10 +178,9 @@ impl Drop for Wake {
 }
 
 struct Shared {
-    cmds: Sender<Cmd>,
-    wake: Wake,
+    /// The engine threads' doorbells, wake-up lines, QP owners and counters.
+    set: Arc<worker::ShardSet>,
     events: Receiver<AsyncEvent>,
-    stats: Arc<Mutex<Stats>>,
     info: DeviceInfo,
     netns: Option<String>,
 }
@@ -284,6 +296,8 @@ pub(crate) struct QpShared {
     pub(crate) sq_done: AtomicU64,
     rq_posted: AtomicU64,
     pub(crate) rq_done: AtomicU64,
+    /// The engine thread that holds the QP.
+    shard: AtomicUsize,
 }
 
 fn state_of(v: u8) -> QpState {
@@ -347,11 +361,10 @@ impl Qp {
             });
         }
         self.sh.sq_posted.fetch_add(1, Ordering::SeqCst);
-        self.dev
-            .cmds
-            .send(Cmd::PostSend(self.qpn, Box::new(*wr)))
-            .map_err(|_| stopped())?;
-        self.dev.wake.ring();
+        let k = self.sh.shard.load(Ordering::SeqCst);
+        if !self.dev.set.send(k, Cmd::PostSend(self.qpn, Box::new(*wr))) {
+            return Err(stopped());
+        }
         Ok(())
     }
 
@@ -381,11 +394,10 @@ impl Qp {
             });
         }
         self.sh.rq_posted.fetch_add(1, Ordering::SeqCst);
-        self.dev
-            .cmds
-            .send(Cmd::PostRecv(self.qpn, *wr))
-            .map_err(|_| stopped())?;
-        self.dev.wake.ring();
+        let k = self.sh.shard.load(Ordering::SeqCst);
+        if !self.dev.set.send(k, Cmd::PostRecv(self.qpn, *wr)) {
+            return Err(stopped());
+        }
         Ok(())
     }
 }
@@ -399,20 +411,22 @@ fn stopped() -> Error {
 }
 
 impl Device {
-    /// Starts the engine thread and the link; returns when both are up.
+    /// Starts the engine thread(s) and the link; returns when both are up.
     pub fn open(cfg: RuntimeConfig) -> Result<Device, RuntimeError> {
-        let (cmd_tx, cmd_rx) = crossbeam::channel::unbounded();
+        let threads = cfg.threads.max(1);
+        if threads > 1 && !matches!(cfg.link, LinkKind::Xdp { .. }) {
+            return Err(RuntimeError::Setup(
+                "several engine threads need the AF_XDP link (one socket per queue)".into(),
+            ));
+        }
+        let set = Arc::new(worker::ShardSet::new(threads).map_err(RuntimeError::Setup)?);
         let (ev_tx, ev_rx) = crossbeam::channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam::channel::bounded(1);
-        let wake = Wake::new().map_err(RuntimeError::Setup)?;
-        let wake_fd = wake.fd;
-        let sleeping = wake.sleeping.clone();
         let netns = cfg.netns.clone();
-        let stats = Arc::new(Mutex::new(Stats::default()));
-        let stats2 = stats.clone();
+        let set2 = set.clone();
         let handle = std::thread::Builder::new()
             .name("roce-xdp-engine".into())
-            .spawn(move || worker::run(cfg, cmd_rx, ev_tx, (wake_fd, sleeping), ready_tx, stats2))
+            .spawn(move || worker::run(cfg, set2, ev_tx, ready_tx))
             .map_err(|e| RuntimeError::Setup(format!("spawning the engine thread: {e}")))?;
         let info = match ready_rx.recv() {
             Ok(Ok(x)) => x,
@@ -428,10 +442,8 @@ impl Device {
             }
         };
         let sh = Arc::new(Shared {
-            cmds: cmd_tx,
-            wake,
+            set,
             events: ev_rx,
-            stats,
             info,
             netns,
         });
@@ -441,25 +453,60 @@ impl Device {
         })
     }
 
+    /// How many engine threads run this device.
+    pub fn threads(&self) -> usize {
+        self.sh.set.len()
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.sh.info
     }
 
-    /// Runs `f` on the engine thread and returns its result.
+    /// Runs `f` on engine thread 0 and returns its result.
     fn call<R: Send + 'static>(
         &self,
+        f: impl FnOnce(&mut worker::Locals) -> R + Send + 'static,
+    ) -> Result<R, RuntimeError> {
+        self.call_on(0, f)
+    }
+
+    /// Runs `f` on engine thread `k` and returns its result.
+    fn call_on<R: Send + 'static>(
+        &self,
+        k: usize,
         f: impl FnOnce(&mut worker::Locals) -> R + Send + 'static,
     ) -> Result<R, RuntimeError> {
         let (tx, rx) = crossbeam::channel::bounded(1);
         let c: Call = Box::new(move |l| {
             let _ = tx.send(f(l));
         });
-        self.sh
-            .cmds
-            .send(Cmd::Call(c))
-            .map_err(|_| RuntimeError::Stopped)?;
-        self.sh.wake.ring();
+        if !self.sh.set.send(k, Cmd::Call(c)) {
+            return Err(RuntimeError::Stopped);
+        }
         rx.recv().map_err(|_| RuntimeError::Stopped)
+    }
+
+    /// Runs a verbs call on every engine thread (object tables are replicas); the
+    /// results must agree, as the same calls in the same order give the same handles.
+    fn verbs_all<R: Send + PartialEq + std::fmt::Debug + 'static>(
+        &self,
+        f: impl Fn(&mut worker::Locals) -> Result<R, Error> + Send + Clone + 'static,
+    ) -> Result<R, RuntimeError> {
+        let first = self.verbs(f.clone())?;
+        for k in 1..self.threads() {
+            let r = self.call_on(k, f.clone())??;
+            if r != first {
+                return Err(RuntimeError::Setup(format!(
+                    "engine thread {k} answered {r:?} where thread 0 answered {first:?}"
+                )));
+            }
+        }
+        Ok(first)
+    }
+
+    /// The engine thread that holds QP `qp`.
+    fn owner(&self, qp: &Qp) -> usize {
+        qp.sh.shard.load(Ordering::SeqCst)
     }
 
     fn verbs<R: Send + 'static>(
@@ -470,7 +517,7 @@ impl Device {
     }
 
     pub fn alloc_pd(&self) -> Result<u32, RuntimeError> {
-        self.verbs(|l| l.engine.alloc_pd())
+        self.verbs_all(|l| l.engine.alloc_pd())
     }
 
     pub fn reg_mr(
@@ -482,11 +529,16 @@ impl Device {
         access: AccessFlags,
     ) -> Result<MrInfo, RuntimeError> {
         let m = mem.clone();
-        self.verbs(move |l| l.engine.reg_mr(pd, &m, offset, len, access))
+        let info = self.verbs(move |l| l.engine.reg_mr(pd, &m, offset, len, access))?;
+        for k in 1..self.threads() {
+            let m = mem.clone();
+            self.call_on(k, move |l| l.engine.reg_mr_replica(&info, &m, offset))??;
+        }
+        Ok(info)
     }
 
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), RuntimeError> {
-        self.verbs(move |l| l.engine.dereg_mr(lkey))
+        self.verbs_all(move |l| l.engine.dereg_mr(lkey))
     }
 
     /// `ibv_create_cq` with `depth` entries.
@@ -499,9 +551,9 @@ impl Device {
             overflowed: AtomicBool::new(false),
         });
         let s2 = sh.clone();
-        let id = self.verbs(move |l| {
+        let id = self.verbs_all(move |l| {
             let id = l.engine.create_cq(depth)?;
-            l.cqs.insert(id, s2);
+            l.cqs.insert(id, s2.clone());
             Ok(id)
         })?;
         Ok(Cq { id, sh })
@@ -522,8 +574,14 @@ impl Device {
                 sq_done: AtomicU64::new(0),
                 rq_posted: AtomicU64::new(0),
                 rq_done: AtomicU64::new(0),
+                shard: AtomicUsize::new(0),
             });
             l.qps.insert(qpn, (sh.clone(), 0, 0));
+            l.set
+                .owners
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(qpn, 0);
             Ok(sh)
         })?;
         Ok(Qp {
@@ -541,15 +599,64 @@ impl Device {
             attr.ah_attr.dmac =
                 Some(self.resolve(crate::verbs::device::ip_of(&attr.ah_attr.dgid))?);
         }
+        if self.threads() > 1
+            && mask.contains(QpAttrMask::STATE)
+            && attr.qp_state == QpState::Rtr
+            && qp.state() == QpState::Init
+        {
+            self.settle(qp, &attr)?;
+        }
         let qpn = qp.qpn;
         let sh = qp.sh.clone();
-        self.verbs(move |l| {
+        self.call_on(self.owner(qp), move |l| {
             let r = l.engine.modify_qp(qpn, &attr, mask);
             if let Some(s) = l.engine.qp_state(qpn) {
                 sh.set_state(s);
             }
             r
-        })
+        })??;
+        Ok(())
+    }
+
+    /// Before RTR, moves an RC/UC QP to the engine thread whose queue the peer's UDP
+    /// source port selects (`port % threads`: with one thread per queue, a peer of the
+    /// same kind sends on that queue and RSS-by-port NICs agree). UD QPs stay on
+    /// thread 0.
+    fn settle(&self, qp: &Qp, attr: &QpAttr) -> Result<(), RuntimeError> {
+        let qpn = qp.qpn;
+        let from = self.owner(qp);
+        let a = *attr;
+        let Some(port) = self.call_on(from, move |l| l.engine.peer_udp_sport(qpn, &a))? else {
+            return Ok(());
+        };
+        let to = usize::from(port) % self.threads();
+        if to == from {
+            return Ok(());
+        }
+        let sh = qp.sh.clone();
+        let moved = self.call_on(from, move |l| {
+            let q = l.engine.take_qp(qpn)?;
+            let reg = l.qps.remove(&qpn)?;
+            // From now on `from` hands this QP's doorbells on to `to`, which holds them
+            // until the QP arrives.
+            l.set
+                .owners
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(qpn, to);
+            sh.shard.store(to, Ordering::SeqCst);
+            Some((q, reg))
+        })?;
+        let Some((q, reg)) = moved else {
+            return Ok(());
+        };
+        self.call_on(to, move |l| {
+            l.qps.insert(qpn, reg);
+            let r = l.engine.adopt_qp(q);
+            worker::replay_held(l, qpn);
+            r
+        })??;
+        Ok(())
     }
 
     /// The MAC of a neighbour, from the kernel's table of the link's namespace, resolving
@@ -572,35 +679,48 @@ impl Device {
         .join()
         .map_err(|_| RuntimeError::Setup("neighbour resolution thread panicked".into()))?
         .map_err(RuntimeError::Setup)?;
-        self.call(move |l| l.engine.set_neighbor(ip, mac))?;
+        for k in 0..self.threads() {
+            self.call_on(k, move |l| l.engine.set_neighbor(ip, mac))?;
+        }
         Ok(mac)
     }
 
     pub fn destroy_qp(&self, qp: Qp) -> Result<(), RuntimeError> {
         let qpn = qp.qpn;
-        self.verbs(move |l| {
+        self.call_on(self.owner(&qp), move |l| {
             l.qps.remove(&qpn);
+            l.set
+                .owners
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&qpn);
             l.engine.destroy_qp(qpn)
-        })
+        })??;
+        Ok(())
     }
 
     /// `ibv_query_qp`.
     pub fn query_qp(&self, qp: &Qp) -> Result<QpAttr, RuntimeError> {
         let qpn = qp.qpn;
-        self.verbs(move |l| l.engine.query_qp(qpn).map(|x| x.0))
+        self.call_on(self.owner(qp), move |l| l.engine.query_qp(qpn).map(|x| x.0))?
+            .map_err(RuntimeError::from)
     }
 
     /// `ibv_create_srq`.
     pub fn create_srq(&self, pd: u32, max_wr: u32, max_sge: u32) -> Result<u32, RuntimeError> {
+        if self.threads() > 1 {
+            // Its receives would be consumed by QPs on several engine threads.
+            return Err(RuntimeError::Setup(
+                "SRQs need a device with one engine thread (threads = 1)".into(),
+            ));
+        }
         self.verbs(move |l| l.engine.create_srq(pd, max_wr, max_sge))
     }
 
     pub fn post_srq_recv(&self, srq: u32, wr: &RecvWr) -> Result<(), RuntimeError> {
-        self.sh
-            .cmds
-            .send(Cmd::PostSrqRecv(srq, *wr))
-            .map_err(|_| RuntimeError::Stopped)?;
-        self.sh.wake.ring();
+        if !self.sh.set.send(0, Cmd::PostSrqRecv(srq, *wr)) {
+            return Err(RuntimeError::Stopped);
+        }
         Ok(())
     }
 
@@ -611,22 +731,33 @@ impl Device {
 
     /// The engine's counters and the link's, as last published (every few ms).
     pub fn stats(&self) -> Stats {
+        Stats::total(&self.sh.set.stats)
+    }
+
+    /// Each engine thread's counters as last published (one entry per thread).
+    pub fn thread_stats(&self) -> Vec<Stats> {
         self.sh
+            .set
             .stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .collect()
     }
 
     /// One QP's transport state (PSNs, queues, timers) in words, for stall reports.
     pub fn qp_debug(&self, qpn: u32) -> String {
-        self.call(move |l| l.engine.qp_debug(qpn))
+        let k = self.sh.set.owner(qpn).unwrap_or(0);
+        self.call_on(k, move |l| l.engine.qp_debug(qpn))
             .unwrap_or_else(|e| e.to_string())
     }
 
     /// Current counters, fetched from the engine thread.
     pub fn counters(&self) -> Result<Counters, RuntimeError> {
-        self.call(|l| *l.engine.counters())
+        let mut c = Counters::default();
+        for k in 0..self.threads() {
+            c.add(&self.call_on(k, |l| *l.engine.counters())?);
+        }
+        Ok(c)
     }
 
     /// The GID at `index`.
@@ -663,9 +794,14 @@ impl Device {
 
     /// Stops the engine: every QP to ERR (its WRs flushed), XDP detached, UMEM freed.
     pub fn shutdown(&self) {
-        let _ = self.sh.cmds.send(Cmd::Call(Box::new(|l| l.stop = true)));
-        self.sh.wake.sleeping.store(true, Ordering::SeqCst);
-        self.sh.wake.ring();
+        let _ = self.sh.set.links[0]
+            .cmds
+            .send(Cmd::Call(Box::new(|l| l.stop = true)));
+        self.sh.set.links[0]
+            .wake
+            .sleeping
+            .store(true, Ordering::SeqCst);
+        self.sh.set.links[0].wake.ring();
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }

@@ -14,11 +14,12 @@ use crate::link::bpf::XdpStats;
 use crate::time::Time;
 use crate::verbs::{AsyncEvent, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState};
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
+use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
 use std::io::{BufWriter, Write};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Idle rounds before the thread sleeps.
@@ -33,6 +34,11 @@ pub(crate) struct Locals {
     /// QP -> (shared state, send WRs refused, receive WRs refused).
     pub qps: QpRegistry,
     pub stop: bool,
+    /// This engine thread's index among the device's.
+    pub me: usize,
+    pub set: Arc<ShardSet>,
+    /// Doorbells for a QP on its way here from another engine thread.
+    pub held: Vec<Cmd>,
 }
 
 /// Counters of a running device: the engine's, the XDP program's, the link's.
@@ -45,6 +51,36 @@ pub struct Stats {
     pub uptime: Duration,
     /// Written when the engine stopped.
     pub final_report: bool,
+    /// Frames received on one engine thread's queue for another's QP, handed over.
+    pub forwarded: u64,
+    /// Frames that could not be handed over (no buffer or a full channel).
+    pub forward_dropped: u64,
+}
+
+impl Stats {
+    /// The device's counters: every engine thread's added up.
+    pub(crate) fn total(all: &[Arc<Mutex<Stats>>]) -> Stats {
+        let mut t = Stats::default();
+        for (k, s) in all.iter().enumerate() {
+            let s = s.lock().unwrap_or_else(|e| e.into_inner());
+            t.counters.add(&s.counters);
+            t.qps += s.qps;
+            t.forwarded += s.forwarded;
+            t.forward_dropped += s.forward_dropped;
+            if k == 0 {
+                t.xdp = s.xdp;
+                t.link = s.link.clone();
+                t.uptime = s.uptime;
+                t.final_report = s.final_report;
+            } else {
+                t.final_report &= s.final_report;
+            }
+        }
+        if all.len() > 1 {
+            t.link = format!("{} (+{} engine threads)", t.link, all.len() - 1);
+        }
+        t
+    }
 }
 
 impl Stats {
@@ -55,6 +91,8 @@ impl Stats {
         m.insert("final".into(), self.final_report.into());
         m.insert("link".into(), self.link.clone().into());
         m.insert("qps".into(), self.qps.into());
+        m.insert("forwarded".into(), self.forwarded.into());
+        m.insert("forward_dropped".into(), self.forward_dropped.into());
         m.insert("uptime_s".into(), self.uptime.as_secs_f64().into());
         let mut c = serde_json::Map::new();
         for (n, v) in self.counters.named() {
@@ -85,7 +123,7 @@ impl AnyLink {
     }
     fn xdp_stats(&self) -> Option<XdpStats> {
         match self {
-            AnyLink::Xdp(l) => Some(l.xdp_stats()),
+            AnyLink::Xdp(l) => l.xdp_stats(),
             AnyLink::Udp(_) => None,
         }
     }
@@ -228,22 +266,103 @@ fn setup(cfg: &RuntimeConfig) -> Result<(Engine, AnyLink, DeviceInfo), String> {
     Ok((engine, l, info))
 }
 
+/// What the engine threads of one device share when there are several (one per
+/// group of queues): each other's doorbells and wake-up lines, who owns which QP, and a
+/// pool of buffers to hand frames over in.
+pub(crate) struct ShardSet {
+    pub links: Vec<ShardLink>,
+    /// QP -> the shard whose engine holds it.
+    pub owners: RwLock<HashMap<u32, usize>>,
+    /// Frames received by one shard for another's QP.
+    pub fwd: Vec<FrameChannel>,
+    /// Spare buffers for `fwd`: taken, filled, sent, and given back by the receiver, so
+    /// handing over allocates nothing after start.
+    pub pool: ArrayQueue<Vec<u8>>,
+    /// Each shard's published counters; shard 0 adds them up for the stats file.
+    pub stats: Vec<Arc<Mutex<Stats>>>,
+}
+
+/// A channel of frames handed from one engine thread to another (the last two bytes
+/// of each buffer hold the frame's length).
+pub(crate) type FrameChannel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
+
+/// One shard's doorbell and wake-up line.
+pub(crate) struct ShardLink {
+    pub cmds: Sender<Cmd>,
+    pub cmd_rx: Receiver<Cmd>,
+    pub wake: Arc<super::Wake>,
+}
+
+impl ShardSet {
+    pub(crate) fn new(n: usize) -> Result<ShardSet, String> {
+        let mut links = Vec::new();
+        let mut fwd = Vec::new();
+        let mut stats = Vec::new();
+        for _ in 0..n {
+            let (tx, rx) = crossbeam::channel::unbounded();
+            links.push(ShardLink {
+                cmds: tx,
+                cmd_rx: rx,
+                wake: Arc::new(super::Wake::new()?),
+            });
+            fwd.push(crossbeam::channel::bounded(FWD_POOL));
+            stats.push(Arc::new(Mutex::new(Stats::default())));
+        }
+        let pool = ArrayQueue::new(FWD_POOL.max(1));
+        if n > 1 {
+            for _ in 0..FWD_POOL {
+                let _ = pool.push(vec![0u8; crate::link::xdp::MAX_FRAME]);
+            }
+        }
+        Ok(ShardSet {
+            links,
+            owners: RwLock::new(HashMap::new()),
+            fwd,
+            pool,
+            stats,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    pub(crate) fn owner(&self, qpn: u32) -> Option<usize> {
+        self.owners
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .copied()
+    }
+
+    /// Sends `c` to shard `k` and wakes it.
+    pub(crate) fn send(&self, k: usize, c: Cmd) -> bool {
+        let Some(l) = self.links.get(k) else {
+            return false;
+        };
+        let ok = l.cmds.send(c).is_ok();
+        l.wake.ring();
+        ok
+    }
+}
+
+/// Buffers in flight between shards at most (frames beyond it are dropped and counted).
+const FWD_POOL: usize = 1024;
+
 pub(crate) fn run(
     cfg: RuntimeConfig,
-    cmds: Receiver<Cmd>,
+    set: Arc<ShardSet>,
     events: Sender<AsyncEvent>,
-    (wake_fd, sleeping): (i32, Arc<AtomicBool>),
     ready: Sender<Result<DeviceInfo, String>>,
-    stats: Arc<Mutex<Stats>>,
 ) {
-    let (engine, mut link, info) = match setup(&cfg) {
+    let (engine, link, mut info) = match setup(&cfg) {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
-    let mut tap = match &cfg.pcap {
+    let tap = match &cfg.pcap {
         Some(p) => match std::fs::File::create(p) {
             Ok(f) => Writer::new(BufWriter::new(f)).ok(),
             Err(e) => {
@@ -253,14 +372,87 @@ pub(crate) fn run(
         },
         None => None,
     };
+    let tap = Arc::new(Mutex::new(tap));
+    let n = set.len();
+    // Several engine threads: one link part (group of queues) and one engine each.
+    let mut parts = match (n, link) {
+        (1, l) => vec![l],
+        (_, AnyLink::Xdp(x)) => match x.split(n) {
+            Ok(v) => v.into_iter().map(AnyLink::Xdp).collect(),
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        },
+        (_, AnyLink::Udp(_)) => {
+            let _ = ready.send(Err(
+                "several engine threads need AF_XDP (one socket per queue)".into(),
+            ));
+            return;
+        }
+    };
+    let mut others = Vec::new();
+    for k in (1..n).rev() {
+        let Some(part) = parts.pop() else { break };
+        let engine = Engine::new(engine.config().clone());
+        let (set2, ev2, cfg2, tap2) = (set.clone(), events.clone(), cfg.clone(), tap.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("roce-xdp-engine{k}"))
+            .spawn(move || shard_loop(k, cfg2, engine, part, set2, ev2, tap2, Vec::new()));
+        match spawned {
+            Ok(h) => others.push(h),
+            Err(e) => {
+                let _ = ready.send(Err(format!("spawning engine thread {k}: {e}")));
+                return;
+            }
+        }
+    }
+    let Some(link) = parts.pop() else {
+        let _ = ready.send(Err("no link part left for engine thread 0".into()));
+        return;
+    };
+    if n > 1 {
+        info.link = format!(
+            "{} and {} more engine threads, one per queue",
+            info.link,
+            n - 1
+        );
+    }
     tracing::info!("engine up: {}", info.link);
-    let link_desc = info.link.clone();
     let _ = ready.send(Ok(info));
+    shard_loop(0, cfg, engine, link, set, events, tap, others);
+}
+
+type Tap = Arc<Mutex<Option<Writer<BufWriter<std::fs::File>>>>>;
+
+/// One engine thread's loop. Shard 0 also writes the stats file and, when it stops,
+/// stops and joins the others.
+#[allow(clippy::too_many_arguments)]
+fn shard_loop(
+    me: usize,
+    cfg: RuntimeConfig,
+    engine: Engine,
+    mut link: AnyLink,
+    set: Arc<ShardSet>,
+    events: Sender<AsyncEvent>,
+    tap: Tap,
+    others: Vec<std::thread::JoinHandle<()>>,
+) {
+    let n = set.len();
+    let cmds = set.links[me].cmd_rx.clone();
+    let wake_fd = set.links[me].wake.fd;
+    let sleeping = set.links[me].wake.sleeping.clone();
+    let fwd_rx = set.fwd[me].1.clone();
+    let stats = set.stats[me].clone();
+    let link_desc = link.get().describe();
     let mut l = Locals {
         engine,
         cqs: HashMap::new(),
         qps: HashMap::new(),
         stop: false,
+        me,
+        set: set.clone(),
+        held: Vec::new(),
     };
     let start = Instant::now();
     let now = || Time(start.elapsed().as_nanos() as u64);
@@ -272,14 +464,25 @@ pub(crate) fn run(
             + Duration::from_nanos(t.0)
     };
     let mut idle = 0u32;
-
     let mut last_pub = Instant::now();
     let mut last_file = Instant::now();
     let mut fds = link.get().fds();
     fds.push(wake_fd);
     let mut overflowed_cqs: Vec<u32> = Vec::new();
     let tap_max = cfg.pcap_max_frames.unwrap_or(u64::MAX);
-    let mut tapped = 0u64;
+    let tapping = tap.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+    let mut forwarded = 0u64;
+    let mut fwd_dropped = 0u64;
+    let record = |f: &[u8], t: Time| {
+        if tapping {
+            let mut g = tap.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = g.as_mut()
+                && w.frames() < tap_max
+            {
+                let _ = w.write(wall(t), f);
+            }
+        }
+    };
     loop {
         let mut work = 0usize;
         // Doorbells and calls.
@@ -300,17 +503,45 @@ pub(crate) fn run(
             break;
         }
         let t = now();
+        // Frames another shard received for our QPs.
+        while let Ok(buf) = fwd_rx.try_recv() {
+            work += 1;
+            let len = u16::from_ne_bytes([buf[buf.len() - 2], buf[buf.len() - 1]]) as usize;
+            l.engine.handle_frame(t, &buf[..len.min(buf.len() - 2)]);
+            let _ = set.pool.push(buf);
+        }
         // Received frames.
         {
             let engine = &mut l.engine;
-            let tap = &mut tap;
-            let tapped = &mut tapped;
+            let set = &set;
+            let (forwarded, fwd_dropped) = (&mut forwarded, &mut fwd_dropped);
             work += link.get().recv(256, &mut |f| {
-                if let Some(w) = tap.as_mut()
-                    && *tapped < tap_max
+                record(f, t);
+                if n > 1
+                    && let Some(q) = engine.foreign_qp(f)
+                    && let Some(owner) = set.owner(q)
+                    && owner != me
                 {
-                    *tapped += 1;
-                    let _ = w.write(wall(t), f);
+                    // Another shard's QP: hand the frame over (RSS put it on our queue).
+                    match set.pool.pop() {
+                        Some(mut buf) if f.len() + 2 <= buf.len() => {
+                            buf[..f.len()].copy_from_slice(f);
+                            let end = buf.len();
+                            buf[end - 2..].copy_from_slice(&(f.len() as u16).to_ne_bytes());
+                            if set.fwd[owner].0.try_send(buf).is_ok() {
+                                set.links[owner].wake.ring();
+                                *forwarded += 1;
+                            } else {
+                                *fwd_dropped += 1;
+                            }
+                        }
+                        Some(buf) => {
+                            let _ = set.pool.push(buf);
+                            *fwd_dropped += 1;
+                        }
+                        None => *fwd_dropped += 1,
+                    }
+                    return;
                 }
                 engine.handle_frame(t, f);
             });
@@ -323,17 +554,10 @@ pub(crate) fn run(
         // Frames to send.
         {
             let engine = &mut l.engine;
-            let tap = &mut tap;
-            let tapped = &mut tapped;
             work += link.get().send(&mut |buf| {
-                let n = engine.poll_transmit(t, buf)?;
-                if let Some(w) = tap.as_mut()
-                    && *tapped < tap_max
-                {
-                    *tapped += 1;
-                    let _ = w.write(wall(t), &buf[..n]);
-                }
-                Some(n)
+                let k = engine.poll_transmit(t, buf)?;
+                record(&buf[..k], t);
+                Some(k)
             });
             link.get().flush();
         }
@@ -348,14 +572,17 @@ pub(crate) fn run(
                 qps: l.engine.qp_count(),
                 uptime: start.elapsed(),
                 final_report: false,
+                forwarded,
+                forward_dropped: fwd_dropped,
             };
-            if let Some(p) = &cfg.stats_file
+            *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
+            if me == 0
+                && let Some(p) = &cfg.stats_file
                 && last_file.elapsed() > Duration::from_millis(500)
             {
                 last_file = Instant::now();
-                write_stats(p, &s);
+                write_stats(p, &Stats::total(&set.stats));
             }
-            *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
         }
         if work > 0 {
             idle = 0;
@@ -371,7 +598,7 @@ pub(crate) fn run(
             Some(d) => Duration::from_nanos(d.0.saturating_sub(now().0)).min(MAX_SLEEP),
             None => MAX_SLEEP,
         };
-        sleep(&fds, wake_fd, &sleeping, timeout, &cmds);
+        sleep(&fds, wake_fd, &sleeping, timeout, &cmds, &fwd_rx);
     }
     // Shutdown: flush every QP, hand out the last completions.
     let qpns: Vec<u32> = l.qps.keys().copied().collect();
@@ -383,23 +610,33 @@ pub(crate) fn run(
         let _ = l.engine.modify_qp(q, &a, QpAttrMask::STATE);
     }
     deliver(&mut l, &events, &mut overflowed_cqs);
-    if let Some(w) = tap {
-        let _ = w.into_inner().flush();
-    }
-    let s = Stats {
+    *stats.lock().unwrap_or_else(|e| e.into_inner()) = Stats {
         counters: *l.engine.counters(),
         xdp: link.xdp_stats(),
         link: link_desc,
         qps: l.engine.qp_count(),
         uptime: start.elapsed(),
         final_report: true,
+        forwarded,
+        forward_dropped: fwd_dropped,
     };
-    if let Some(p) = &cfg.stats_file {
-        write_stats(p, &s);
+    // Shard 0 stops the others (their counters are then final too), then reports.
+    for k in 1..n {
+        set.send(k, Cmd::Call(Box::new(|l| l.stop = true)));
     }
-    *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
-    tracing::info!("engine stopped");
-    // Dropping `link` detaches XDP and frees the UMEM.
+    for h in others {
+        let _ = h.join();
+    }
+    if me == 0 {
+        if let Some(w) = tap.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = w.into_inner().flush();
+        }
+        if let Some(p) = &cfg.stats_file {
+            write_stats(p, &Stats::total(&set.stats));
+        }
+        tracing::info!("engine stopped");
+    }
+    // Dropping `link` detaches XDP (part 0, after the others stopped) and frees the UMEM.
 }
 
 fn sleep(
@@ -408,6 +645,7 @@ fn sleep(
     sleeping: &AtomicBool,
     timeout: Duration,
     cmds: &Receiver<Cmd>,
+    fwd: &Receiver<Vec<u8>>,
 ) {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
@@ -421,7 +659,7 @@ fn sleep(
     // Raise the flag, then look at the doorbells once more: a caller either sees the flag
     // and rings the eventfd, or rang before and its command is seen here.
     sleeping.store(true, Ordering::SeqCst);
-    if cmds.is_empty() {
+    if cmds.is_empty() && fwd.is_empty() {
         // SAFETY: `p` is a valid array of pollfd of the given length.
         unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
     }
@@ -434,6 +672,19 @@ fn sleep(
 fn apply(l: &mut Locals, c: Cmd) {
     match c {
         Cmd::Call(f) => f(l),
+        Cmd::PostSend(qpn, _) | Cmd::PostRecv(qpn, _)
+            if l.set.len() > 1 && !l.engine.has_qp(qpn) && l.set.owner(qpn).is_some() =>
+        {
+            match l.set.owner(qpn) {
+                // The QP is on its way here: hold the doorbell until it arrives.
+                Some(o) if o == l.me => l.held.push(c),
+                // The QP moved away: hand the doorbell on.
+                Some(o) => {
+                    l.set.send(o, c);
+                }
+                None => {}
+            }
+        }
         Cmd::PostSend(qpn, wr) => {
             if let Err(e) = l.engine.post_send(qpn, &wr) {
                 tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
@@ -454,6 +705,17 @@ fn apply(l: &mut Locals, c: Cmd) {
             if let Err(e) = l.engine.post_srq_recv(srq, &wr) {
                 tracing::warn!("receive WR {} on SRQ {srq} refused: {e}", wr.wr_id);
             }
+        }
+    }
+}
+
+/// Applies the doorbells held for `qpn` now that it has arrived.
+pub(crate) fn replay_held(l: &mut Locals, qpn: u32) {
+    let held = std::mem::take(&mut l.held);
+    for c in held {
+        match &c {
+            Cmd::PostSend(q, _) | Cmd::PostRecv(q, _) if *q != qpn => l.held.push(c),
+            _ => apply(l, c),
         }
     }
 }
