@@ -5,7 +5,7 @@
 
 use crate::rng::Rng;
 use crate::verbs::mr::{MrInfo, MrInner};
-use crate::verbs::wr::{InlineData, MAX_SGE, SgList, Sge};
+use crate::verbs::wr::{MAX_SGE, SgList, Sge};
 use crate::verbs::{AccessFlags, Error, Memory};
 use std::sync::Arc;
 
@@ -225,13 +225,12 @@ pub struct Seg {
     pub len: u32,
 }
 
-/// A resolved scatter/gather list (or inline data): what a work request reads from or
-/// writes to, checked once when posted.
+/// A resolved scatter/gather list: what a work request reads from or writes to, checked
+/// once when posted. (Inline data stays in the send WR; see `SendWqe::gather`.)
 #[derive(Debug, Clone, Default)]
 pub struct Segs {
     segs: [Option<Seg>; MAX_SGE],
     n: u8,
-    inline: Option<InlineData>,
     total: u64,
 }
 
@@ -245,6 +244,33 @@ impl Segs {
         write: bool,
     ) -> Result<Segs, AccessError> {
         let mut s = Segs::default();
+        s.resolve_into(mrs, pd, sges, write)?;
+        Ok(s)
+    }
+
+    /// [`Segs::resolve`] in place, into a recycled list; on error the list is left empty.
+    pub fn resolve_into(
+        &mut self,
+        mrs: &MrTable,
+        pd: u32,
+        sges: &SgList,
+        write: bool,
+    ) -> Result<(), AccessError> {
+        self.clear();
+        let r = self.fill(mrs, pd, sges, write);
+        if r.is_err() {
+            self.clear();
+        }
+        r
+    }
+
+    fn fill(
+        &mut self,
+        mrs: &MrTable,
+        pd: u32,
+        sges: &SgList,
+        write: bool,
+    ) -> Result<(), AccessError> {
         for (i, sge) in sges.as_slice().iter().enumerate() {
             if sge.length == 0 {
                 continue;
@@ -257,24 +283,25 @@ impl Segs {
             let off = mr
                 .range(addr, u64::from(length))
                 .ok_or(AccessError::Range)?;
-            s.segs[i] = Some(Seg {
+            self.segs[i] = Some(Seg {
                 mr: mr.clone(),
                 off,
                 len: length,
             });
-            s.n = (i + 1) as u8;
-            s.total += u64::from(length);
+            self.n = (i + 1) as u8;
+            self.total += u64::from(length);
         }
-        Ok(s)
+        Ok(())
     }
 
-    /// Inline data as the source of a send.
-    pub fn inline(data: InlineData) -> Segs {
-        Segs {
-            total: data.as_slice().len() as u64,
-            inline: Some(data),
-            ..Segs::default()
+    /// Empties the list, releasing its memory regions (only the entries in use are
+    /// touched, so clearing a recycled list costs what the last WR used).
+    pub fn clear(&mut self) {
+        for s in &mut self.segs[..usize::from(self.n)] {
+            *s = None;
         }
+        self.n = 0;
+        self.total = 0;
     }
 
     pub fn total(&self) -> u64 {
@@ -288,25 +315,11 @@ impl Segs {
     /// Checks that message bytes `off..off + len` can be read or written now (every
     /// region they touch still valid), without copying.
     pub fn check(&self, off: u64, len: usize) -> Result<(), AccessError> {
-        if self.inline.is_some() {
-            return if off.checked_add(len as u64).is_some_and(|e| e <= self.total) {
-                Ok(())
-            } else {
-                Err(AccessError::Range)
-            };
-        }
         self.walk(off, len, |_, _, _, _| Ok(()))
     }
 
     /// Copies message bytes `off..off + dst.len()` into `dst`.
     pub fn gather(&self, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
-        if let Some(d) = &self.inline {
-            let src = d.as_slice();
-            let o = usize::try_from(off).map_err(|_| AccessError::Range)?;
-            let s = src.get(o..o + dst.len()).ok_or(AccessError::Range)?;
-            dst.copy_from_slice(s);
-            return Ok(());
-        }
         self.walk(off, dst.len(), |seg, seg_off, at, n| {
             seg.mr
                 .memory()

@@ -20,6 +20,7 @@
 pub mod completer;
 pub mod counters;
 pub mod mem;
+mod pool;
 pub mod qp;
 pub mod requester;
 pub mod responder;
@@ -134,6 +135,9 @@ pub(crate) struct Ctx {
     pub neighbors: HashMap<IpAddr, [u8; 6]>,
     /// CQs that got completions since `Engine::take_touched_cqs` last ran.
     touched_cqs: Vec<u32>,
+    /// Free send and receive WQEs, reused so posting and retiring move no large values.
+    pub send_wqes: pool::Pool<requester::SendWqe>,
+    pub recv_wqes: pool::Pool<responder::RecvWqe>,
 }
 
 impl Ctx {
@@ -205,6 +209,8 @@ impl Engine {
                 events: VecDeque::new(),
                 neighbors: HashMap::new(),
                 touched_cqs: Vec::new(),
+                send_wqes: pool::Pool::default(),
+                recv_wqes: pool::Pool::default(),
                 cfg,
             },
             qps: QpMap::default(),

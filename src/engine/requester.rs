@@ -8,6 +8,7 @@
 
 use super::Ctx;
 use super::mem::{AccessError, Segs};
+use super::pool::Recycle;
 use super::qp::Qp;
 use crate::time::Time;
 use crate::verbs::{QpAttr, QpState, QpType, SendFlags, SendWr, Wc, WcFlags, WcStatus, WrOpcode};
@@ -28,8 +29,9 @@ pub(crate) enum WqeState {
     Done(WcStatus),
 }
 
-/// A posted send work request and its progress.
-#[derive(Debug, Clone)]
+/// A posted send work request and its progress. Queued boxed and recycled through
+/// [`Pool`]: it is large, and is written once, in place, when posted.
+#[derive(Debug)]
 pub(crate) struct SendWqe {
     pub wr: SendWr,
     pub segs: Segs,
@@ -55,10 +57,75 @@ pub(crate) struct SendWqe {
     pub length: u64,
 }
 
+impl Default for SendWqe {
+    fn default() -> Self {
+        SendWqe {
+            wr: SendWr::send(0, &[]),
+            segs: Segs::default(),
+            seg_err: None,
+            state: WqeState::Sending,
+            assigned: false,
+            first_psn: Psn::default(),
+            last_psn: Psn::default(),
+            npkts: 0,
+            next_pkt: 0,
+            sent_hi: 0,
+            read_from: 0,
+            read_pos: None,
+            holds_rd: false,
+            signaled: false,
+            length: 0,
+        }
+    }
+}
+
+impl Recycle for SendWqe {
+    fn recycle(&mut self) {
+        self.segs.clear();
+    }
+}
+
+impl SendWqe {
+    /// The inline data of an `IBV_SEND_INLINE` WR, which is the message itself.
+    fn inline(&self) -> Option<&[u8]> {
+        if self.wr.send_flags.contains(SendFlags::INLINE) {
+            self.wr.inline.as_ref().map(|d| d.as_slice())
+        } else {
+            None
+        }
+    }
+
+    /// Checks that message bytes `off..off + len` can be read now.
+    fn check(&self, off: u64, len: usize) -> Result<(), AccessError> {
+        match self.inline() {
+            Some(d) => inline_range(d, off, len).map(|_| ()),
+            None => self.segs.check(off, len),
+        }
+    }
+
+    /// Copies message bytes `off..off + dst.len()` into `dst`.
+    fn gather(&self, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        match self.inline() {
+            Some(d) => {
+                dst.copy_from_slice(inline_range(d, off, dst.len())?);
+                Ok(())
+            }
+            None => self.segs.gather(off, dst),
+        }
+    }
+}
+
+fn inline_range(d: &[u8], off: u64, len: usize) -> Result<&[u8], AccessError> {
+    let o = usize::try_from(off).map_err(|_| AccessError::Range)?;
+    o.checked_add(len)
+        .and_then(|e| d.get(o..e))
+        .ok_or(AccessError::Range)
+}
+
 /// The send queue and the requester/completer state.
 #[derive(Debug, Default)]
 pub(crate) struct Requester {
-    pub sq: VecDeque<SendWqe>,
+    pub sq: VecDeque<Box<SendWqe>>,
     /// Offset from the front of the first WQE with packets left to send.
     pub cur: usize,
     /// The next PSN to assign.
@@ -153,6 +220,7 @@ impl Requester {
             if status != WcStatus::Success || w.signaled {
                 ctx.post_cqe(cq, wc, false);
             }
+            ctx.send_wqes.give(w);
         }
         self.cur = 0;
         self.rd_out = 0;
@@ -293,35 +361,29 @@ impl Qp {
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let length = wr.length();
         let write_local = wr.opcode == WrOpcode::RdmaRead || wr.opcode.is_atomic();
-        let (segs, seg_err) = if inline {
-            (
-                Segs::inline(wr.inline.unwrap_or_else(|| unreachable!())),
-                None,
-            )
+        let mut w = ctx.send_wqes.take();
+        w.seg_err = if inline {
+            w.segs.clear();
+            None
         } else {
-            match Segs::resolve(&ctx.mrs, self.pd, &wr.sg_list, write_local) {
-                Ok(s) => (s, None),
-                Err(e) => (Segs::default(), Some(e)),
-            }
+            w.segs
+                .resolve_into(&ctx.mrs, self.pd, &wr.sg_list, write_local)
+                .err()
         };
-        let signaled = self.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
-        self.req.sq.push_back(SendWqe {
-            wr: *wr,
-            segs,
-            seg_err,
-            state: WqeState::Sending,
-            assigned: false,
-            first_psn: Psn::default(),
-            last_psn: Psn::default(),
-            npkts: 0,
-            next_pkt: 0,
-            sent_hi: 0,
-            read_from: 0,
-            read_pos: None,
-            holds_rd: false,
-            signaled,
-            length,
-        });
+        w.wr = *wr;
+        w.state = WqeState::Sending;
+        w.assigned = false;
+        w.first_psn = Psn::default();
+        w.last_psn = Psn::default();
+        w.npkts = 0;
+        w.next_pkt = 0;
+        w.sent_hi = 0;
+        w.read_from = 0;
+        w.read_pos = None;
+        w.holds_rd = false;
+        w.signaled = self.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+        w.length = length;
+        self.req.sq.push_back(w);
         if matches!(self.state, QpState::Err | QpState::Sqe) {
             self.req.flush(ctx, self.qpn, self.send_cq);
         }
@@ -360,6 +422,7 @@ impl Qp {
             if status != WcStatus::Success {
                 failed = true;
             }
+            ctx.send_wqes.give(w);
         }
         if failed {
             self.fatal(ctx, now, true);
@@ -589,15 +652,15 @@ impl Qp {
             psn,
         };
         let off = u64::from(pkt_index) * u64::from(mtu);
-        let data_ok = payload_len == 0 || w.segs.check(off, payload_len).is_ok();
+        let data_ok = payload_len == 0 || w.check(off, payload_len).is_ok();
         if !data_ok {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
             return None;
         }
-        let segs = &self.req.sq[idx].segs;
+        let w = &self.req.sq[idx];
         let n = self.emit(ctx, buf, bth, ext, payload_len, |dst| {
             // Cannot fail: checked just above, and nothing runs in between.
-            let _ = segs.gather(off, dst);
+            let _ = w.gather(off, dst);
         })?;
         // Book-keeping after the packet is built.
         let w = &mut self.req.sq[idx];
@@ -695,14 +758,14 @@ impl Qp {
             psn: w.first_psn,
         };
         let len = w.length as usize;
-        if len > 0 && w.segs.check(0, len).is_err() {
+        if len > 0 && w.check(0, len).is_err() {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
             return None;
         }
-        let segs = &self.req.sq[idx].segs;
+        let w = &self.req.sq[idx];
         let n = self.emit(ctx, buf, bth, ext, len, |dst| {
             // Cannot fail: checked just above.
-            let _ = segs.gather(0, dst);
+            let _ = w.gather(0, dst);
         })?;
         // UD completes when the packet is handed to the link (rxe does the same).
         self.req.sq[idx].state = WqeState::Done(WcStatus::Success);

@@ -13,6 +13,7 @@
 
 use super::Ctx;
 use super::mem::{AccessError, Segs};
+use super::pool::Recycle;
 use super::qp::Qp;
 use crate::time::Time;
 use crate::verbs::mr::MrInner;
@@ -27,8 +28,9 @@ use crate::wire::{
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// A posted receive WR with its buffers resolved.
-#[derive(Debug, Clone)]
+/// A posted receive WR with its buffers resolved. Queued boxed and recycled through
+/// [`Pool`](super::pool::Pool), like send WQEs.
+#[derive(Debug, Default)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
     pub segs: Segs,
@@ -36,31 +38,28 @@ pub(crate) struct RecvWqe {
 }
 
 impl RecvWqe {
-    pub fn new(ctx: &Ctx, pd: u32, wr: &RecvWr) -> RecvWqe {
-        match Segs::resolve(&ctx.mrs, pd, &wr.sg_list, true) {
-            Ok(segs) => RecvWqe {
-                wr_id: wr.wr_id,
-                segs,
-                err: None,
-            },
-            Err(e) => RecvWqe {
-                wr_id: wr.wr_id,
-                segs: Segs::default(),
-                err: Some(e),
-            },
-        }
+    /// A recycled WQE for `wr`, its buffers resolved against PD `pd`.
+    pub fn new(ctx: &mut Ctx, pd: u32, wr: &RecvWr) -> Box<RecvWqe> {
+        let mut w = ctx.recv_wqes.take();
+        w.wr_id = wr.wr_id;
+        w.err = w.segs.resolve_into(&ctx.mrs, pd, &wr.sg_list, true).err();
+        w
     }
 }
 
-/// A multi-packet message being received. One per QP: the size of the `Send` variant
-/// does not matter, and boxing it would cost an allocation per message.
+impl Recycle for RecvWqe {
+    fn recycle(&mut self) {
+        self.segs.clear();
+    }
+}
+
+/// A multi-packet message being received.
 #[derive(Debug, Default)]
-#[allow(clippy::large_enum_variant)]
 enum InProgress {
     #[default]
     Idle,
     Send {
-        wqe: RecvWqe,
+        wqe: Box<RecvWqe>,
         off: u64,
     },
     Write {
@@ -122,7 +121,7 @@ pub(crate) struct Responder {
     cur: InProgress,
     /// UC: drop packets until the next FIRST/ONLY.
     drop_msg: bool,
-    pub rq: VecDeque<RecvWqe>,
+    pub rq: VecDeque<Box<RecvWqe>>,
     out: VecDeque<Out>,
     res: Vec<Option<Resource>>,
     res_next: usize,
@@ -174,6 +173,7 @@ impl Responder {
             self.done += 1;
             let wc = Qp::flush_wc(qpn, w.wr_id, WcOpcode::Recv);
             ctx.post_cqe(cq, wc, false);
+            ctx.recv_wqes.give(w);
         }
         self.out.retain(|o| !matches!(o, Out::Read(_)));
         if srq.is_some() {
@@ -208,7 +208,7 @@ impl Responder {
 
 impl Qp {
     /// Takes the next receive WQE from the SRQ or the QP's receive queue.
-    fn take_recv(&mut self, ctx: &mut Ctx) -> Option<RecvWqe> {
+    fn take_recv(&mut self, ctx: &mut Ctx) -> Option<Box<RecvWqe>> {
         match self.srq {
             Some(s) => {
                 let srq = ctx.srqs.get_mut(s)?;
@@ -217,7 +217,8 @@ impl Qp {
                     srq.limit = 0;
                     ctx.events.push_back(AsyncEvent::SrqLimitReached { srq: s });
                 }
-                Some(RecvWqe::new(ctx, srq_pd(ctx, s), &w))
+                let pd = srq_pd(ctx, s);
+                Some(RecvWqe::new(ctx, pd, &w))
             }
             None => {
                 let w = self.resp.rq.pop_front();
@@ -237,7 +238,7 @@ impl Qp {
     }
 
     /// Puts a receive WQE back at the head of its queue (a UC message that was dropped).
-    fn untake_recv(&mut self, ctx: &mut Ctx, w: RecvWqe) {
+    fn untake_recv(&mut self, ctx: &mut Ctx, w: Box<RecvWqe>) {
         match self.srq {
             // SRQ WQEs were resolved on take; the SRQ keeps WRs, so the buffers are
             // re-resolved when it is taken again. Putting it back means completing it:
@@ -420,6 +421,7 @@ impl Qp {
             wc.imm_data = rkey;
         }
         self.resp.msn = (self.resp.msn + 1) & 0xff_ffff;
+        ctx.recv_wqes.give(wqe);
         self.complete_recv(ctx, now, wc, r.bth().solicited());
         Ok(())
     }
