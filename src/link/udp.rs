@@ -7,12 +7,17 @@
 //! IPv4 identification 0 and DF (Linux sends DF datagrams of an unconnected socket with
 //! ID 0; `tests/udp_link.rs` checks it on the wire), TTL and TOS are masked by the ICRC,
 //! and over IPv4 UDP checksum 0 (`SO_NO_CHECK`), as rxe.
-//! `DeviceConfig::udp_link` sets that up. On receive the socket does not show the IP
-//! header, so a frame is rebuilt around the datagram with ID 0: its ICRC verifies when
-//! the sender is roce-xdp (either link: the engine always sends ID 0). A sender that
-//! uses other IPv4 IDs fails that check: rxe uses the kernel's per-destination counter,
-//! so over IPv4 the UDP link drops rxe's frames as bad ICRC (counted), though rxe
-//! accepts the UDP link's. Over IPv6 there is no ID and nothing is lost.
+//! `DeviceConfig::udp_link` sets that up.
+//!
+//! On receive the socket does not show the IP header, so a frame is rebuilt around the
+//! datagram with ID 0. Its ICRC verifies when the sender is roce-xdp (either link: the
+//! engine always sends ID 0). A sender that uses other IPv4 IDs (rxe: the kernel's
+//! per-destination counter) would fail that check, so the ID is solved from the ICRC
+//! (`wire::icrc::solve_u16_field`) and written into the rebuilt header: the engine, the
+//! pcap tap and `decode` then see the header that was on the wire. The cost: one more
+//! ICRC pass per received IPv4 frame, and a frame corrupted elsewhere passes the ICRC
+//! with probability 2^-16 instead of 2^-32 (the link layer's FCS still guards the wire).
+//! Over IPv6 there is no ID and nothing is solved.
 
 use super::FrameLink;
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
@@ -41,6 +46,9 @@ pub struct UdpLink {
     pub rx: u64,
     pub tx: u64,
     pub tx_unparsable: u64,
+    /// Received IPv4 frames whose ID was solved from the ICRC (the sender used one other
+    /// than 0).
+    pub rx_ipv4_id_solved: u64,
 }
 
 impl UdpLink {
@@ -106,6 +114,7 @@ impl UdpLink {
             rx: 0,
             tx: 0,
             tx_unparsable: 0,
+            rx_ipv4_id_solved: 0,
         })
     }
 
@@ -199,6 +208,15 @@ impl FrameLink for UdpLink {
                 self.local,
                 self.mac,
             ) {
+                if from.is_ipv4() && restore_ipv4_id(&mut self.frame[..flen]) {
+                    if self.rx_ipv4_id_solved == 0 {
+                        tracing::info!(
+                            "UDP link: {from} sends IPv4 IDs other than 0; solving each from \
+                             its ICRC (see link::udp)"
+                        );
+                    }
+                    self.rx_ipv4_id_solved += 1;
+                }
                 f(&self.frame[..flen]);
                 delivered += 1;
             }
@@ -312,4 +330,88 @@ fn rebuild(
     let b = l4 + udp.emit(&mut out[l4..], payload.len()).ok()?;
     out.get_mut(b..b + payload.len())?.copy_from_slice(payload);
     Some(b + payload.len())
+}
+
+/// Puts the IPv4 ID the sender used into a frame `rebuild` made with ID 0, when its ICRC
+/// says it was another one (and some ID explains the difference). True if it did.
+fn restore_ipv4_id(frame: &mut [u8]) -> bool {
+    let Ok(f) = Frame::parse(frame) else {
+        return false;
+    };
+    let Err(crate::wire::Error::BadIcrc { wire, computed }) = f.verify_icrc() else {
+        return false;
+    };
+    let Some(id) = f.ipv4_id_explaining(wire, computed) else {
+        return false;
+    };
+    let l3 = f.l3_offset();
+    frame[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+    // RFC 1624 incremental update of the header checksum for the field going 0 -> id.
+    let hc = u16::from_be_bytes([frame[l3 + 10], frame[l3 + 11]]);
+    let mut sum = u32::from(!hc) + u32::from(id);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[l3 + 10..l3 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn capture(name: &str) -> crate::capture::Capture {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        crate::capture::Capture::open(&p.join(name)).unwrap()
+    }
+
+    /// What the socket shows of a captured frame (UDP payload and addresses), rebuilt.
+    fn as_received(f: &Frame<'_>, out: &mut [u8]) -> usize {
+        let from = SocketAddr::new(f.ip().src(), f.src_port());
+        let local = SocketAddr::new(f.ip().dst(), ROCE_V2_PORT);
+        let body = &f.bytes()[f.bth_offset()..];
+        rebuild(out, body, from, local, [2, 0, 0, 0, 0, 1]).unwrap()
+    }
+
+    #[test]
+    fn a_rebuilt_frame_gets_the_sender_ipv4_id_back() {
+        let mut out = vec![0u8; MAX_PAYLOAD + 64];
+        let mut n = 0;
+        for p in capture("rxe-vm2vm-mtu1024.pcap").packets().unwrap() {
+            let p = p.unwrap();
+            let Ok(f) = p.roce() else { continue };
+            let crate::wire::IpView::V4(h) = f.ip() else {
+                continue;
+            };
+            // Every frame rxe sent has an ID of its own, none 0.
+            assert_ne!(h.identification(), 0);
+            let len = as_received(&f, &mut out);
+            assert!(Frame::parse(&out[..len]).unwrap().verify().is_err());
+            assert!(restore_ipv4_id(&mut out[..len]), "frame {}", p.index);
+            let g = Frame::parse(&out[..len]).unwrap();
+            g.verify().unwrap();
+            let crate::wire::IpView::V4(gh) = g.ip() else {
+                unreachable!()
+            };
+            assert_eq!(gh.identification(), h.identification());
+            // Nothing to solve the second time.
+            assert!(!restore_ipv4_id(&mut out[..len]));
+            n += 1;
+        }
+        assert_eq!(n, 505);
+    }
+
+    #[test]
+    fn a_corrupted_frame_is_not_explained_by_an_id() {
+        // Frame 1 of this capture has one bit flipped (tests/golden.rs).
+        let cap = capture("rxe-afxdp-peer.pcap");
+        let p = cap.packets().unwrap().next().unwrap().unwrap();
+        let mut out = vec![0u8; MAX_PAYLOAD + 64];
+        let len = as_received(&p.roce().unwrap(), &mut out);
+        assert!(!restore_ipv4_id(&mut out[..len]));
+        assert!(matches!(
+            Frame::parse(&out[..len]).unwrap().verify(),
+            Err(crate::wire::Error::BadIcrc { .. })
+        ));
+    }
 }

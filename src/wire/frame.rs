@@ -257,6 +257,20 @@ impl<'a> Frame<'a> {
         }
     }
 
+    /// The IPv4 identification under which this frame's ICRC verifies, given the ICRC
+    /// it carries (`wire`) and the one computed over the header as it stands: for a
+    /// receiver that could not see the ID (the UDP link rebuilds the header with ID 0).
+    /// `None` for IPv6 or when no ID explains the difference. See
+    /// [`icrc::solve_u16_field`] for how, and what it costs in integrity.
+    pub fn ipv4_id_explaining(&self, wire: u32, computed: u32) -> Option<u16> {
+        let IpView::V4(h) = self.ip else {
+            return None;
+        };
+        // Covered after the ID: the rest of the IP header, UDP, BTH to the ICRC.
+        let after = (self.l4 - self.l3 - 6) + udp::LEN + self.roce.without_icrc().len();
+        icrc::solve_u16_field(wire ^ computed, after).map(|x| x ^ h.identification())
+    }
+
     /// Checks the UDP checksum: 0 (none) or a valid one are accepted.
     pub fn verify_udp_checksum(&self) -> Result<()> {
         let wire = self.udp_checksum();
