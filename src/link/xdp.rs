@@ -66,6 +66,9 @@ struct Queue {
     refill: Vec<FrameDesc>,
     /// Descriptors filled, to put on the TX ring.
     pending_tx: Vec<FrameDesc>,
+    /// Descriptors on the TX ring whose completions have not been reaped: while there
+    /// are none, there is nothing to kick the kernel for.
+    in_ring: usize,
     /// A chained (multi-buffer) frame being gathered. Its buffers can arrive over
     /// several RX batches, so the state lives here, per queue, between `recv` calls.
     chain: Vec<u8>,
@@ -251,6 +254,7 @@ impl XdpLink {
             descs: vec![FrameDesc::default(); cfg.batch.max(1)],
             refill: Vec::with_capacity(cfg.batch.max(1) * 4),
             pending_tx: Vec::with_capacity(cfg.batch.max(1) * 4),
+            in_ring: 0,
             chain: if frags {
                 vec![0u8; MAX_FRAME]
             } else {
@@ -322,7 +326,24 @@ impl XdpLink {
             if n == 0 {
                 break;
             }
+            q.in_ring = q.in_ring.saturating_sub(n);
             q.free_tx.extend_from_slice(&q.descs[..n]);
+        }
+    }
+
+    /// Moves filled descriptors to the TX ring and wakes the kernel if it waits for
+    /// that. Only with descriptors outstanding: in copy mode `need_wakeup` is always
+    /// set on TX, and a `sendto` per loop turn with nothing queued cost 3.2 system calls
+    /// per frame sent (perf stat, demo WRITE step).
+    fn push_tx(q: &mut Queue) {
+        if !q.pending_tx.is_empty() {
+            // SAFETY: the descriptors describe filled frames of this UMEM.
+            let m = unsafe { q.tx.produce(&q.pending_tx) };
+            q.pending_tx.drain(..m);
+            q.in_ring += m;
+        }
+        if q.in_ring > 0 && q.tx.needs_wakeup() {
+            let _ = q.tx.wakeup();
         }
     }
 }
@@ -452,28 +473,14 @@ impl FrameLink for XdpLink {
             }
             sent += 1;
         }
-        if !q.pending_tx.is_empty() {
-            // SAFETY: the descriptors describe filled frames of this UMEM.
-            let m = unsafe { q.tx.produce(&q.pending_tx) };
-            q.pending_tx.drain(..m);
-        }
-        if q.tx.needs_wakeup() {
-            let _ = q.tx.wakeup();
-        }
+        Self::push_tx(q);
         self.stats.tx_frames += sent as u64;
         sent
     }
 
     fn flush(&mut self) {
         for q in &mut self.queues {
-            if !q.pending_tx.is_empty() {
-                // SAFETY: as in `send`.
-                let m = unsafe { q.tx.produce(&q.pending_tx) };
-                q.pending_tx.drain(..m);
-            }
-            if q.tx.needs_wakeup() {
-                let _ = q.tx.wakeup();
-            }
+            Self::push_tx(q);
             Self::reap_completions(q);
         }
     }
