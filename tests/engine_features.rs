@@ -681,3 +681,29 @@ fn retry_cnt_7_can_mean_infinite_as_in_rxe() {
     assert!(s.a.poll_cq_one(sa.cq).is_none());
     assert_eq!(s.a.qp_state(sa.qpn), Some(QpState::Rts));
 }
+
+#[test]
+fn query_qp_reports_the_psns_as_they_stand() {
+    // As rxe (rxe_qp_to_attr) and hardware: rq_psn is the next PSN the responder
+    // expects, sq_psn the next the requester assigns, across the 2^24 wrap.
+    let (a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 0xff_fffe, 0x50, 5);
+    let mut s = sim(a, b, clean(), clean(), 5);
+    // 3 packets of WRITE and a READ of 2 response packets: 5 PSNs.
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(1, &[sge(&sa, 0, 3000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(2, &[sge(&sa, 4096, 2000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa.len(), 2, "{wa:?}");
+    assert_eq!(s.a.query_qp(sa.qpn).unwrap().0.sq_psn, 3);
+    assert_eq!(s.b.query_qp(sb.qpn).unwrap().0.rq_psn, 3);
+    // Nothing went the other way.
+    assert_eq!(s.b.query_qp(sb.qpn).unwrap().0.sq_psn, 0x50);
+    assert_eq!(s.a.query_qp(sa.qpn).unwrap().0.rq_psn, 0x50);
+}

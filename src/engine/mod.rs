@@ -630,6 +630,14 @@ impl Engine {
         a.qp_state = qp.state;
         a.cur_qp_state = qp.state;
         a.sq_draining = qp.req.draining();
+        // The PSNs as they stand, not as they were set: what rxe reports
+        // (rxe_qp_to_attr: resp.psn and req.psn) and hardware reads from the QP context.
+        if !matches!(qp.state, QpState::Reset | QpState::Init) {
+            a.rq_psn = qp.resp.epsn.value();
+        }
+        if !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            a.sq_psn = qp.req.psn.value();
+        }
         Ok((a, qp.qp_type, qp.state))
     }
 
