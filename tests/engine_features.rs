@@ -707,3 +707,31 @@ fn query_qp_reports_the_psns_as_they_stand() {
     assert_eq!(s.b.query_qp(sb.qpn).unwrap().0.sq_psn, 0x50);
     assert_eq!(s.a.query_qp(sa.qpn).unwrap().0.rq_psn, 0x50);
 }
+
+#[test]
+fn a_read_before_a_violation_still_gets_its_data() {
+    // Both READs arrive together; the second is out of range. The first one's reply goes
+    // out before the NAK, in PSN order (rxe answers a READ before it looks further).
+    let (a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 9);
+    let mut s = sim(a, b, clean(), clean(), 9);
+    sb.mem.fill(0, 3000, 0x77).unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(1, &[sge(&sa, 0, 3000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(
+            2,
+            &[sge(&sa, 4096, 64)],
+            sb.mr.addr + (1 << 16) - 8,
+            sb.mr.rkey,
+        ),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success, "{wa:?}");
+    assert!(sa.mem.to_vec(0, 3000).unwrap().iter().all(|&x| x == 0x77));
+    assert_eq!(wa[1].status, WcStatus::RemAccessErr);
+}

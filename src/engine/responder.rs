@@ -163,7 +163,10 @@ impl Responder {
     }
 
     /// Flushes the receive WQEs (not an SRQ's) with WR_FLUSH_ERR. Responses already queued
-    /// (a final NAK) still go out.
+    /// still go out when the responder itself found the error (its NAK ends the queue):
+    /// READ replies to earlier requests first, in PSN order, as rxe sends a READ's reply
+    /// before it looks at the next request. When the QP was moved to ERR by its owner, no
+    /// more READ data goes out.
     pub fn flush(&mut self, ctx: &mut Ctx, qpn: u32, cq: u32, srq: Option<u32>) {
         if let InProgress::Send { wqe, .. } = std::mem::take(&mut self.cur) {
             let wc = Qp::flush_wc(qpn, wqe.wr_id, WcOpcode::Recv);
@@ -175,7 +178,11 @@ impl Responder {
             ctx.post_cqe(cq, wc, false);
             ctx.recv_wqes.give(w);
         }
-        self.out.retain(|o| !matches!(o, Out::Read(_)));
+        let nak_last =
+            matches!(self.out.back(), Some(Out::Ack { syndrome, .. }) if !syndrome.is_ack());
+        if !nak_last {
+            self.out.retain(|o| !matches!(o, Out::Read(_)));
+        }
         if srq.is_some() {
             ctx.events.push_back(AsyncEvent::QpLastWqeReached { qpn });
         }
