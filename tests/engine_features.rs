@@ -219,45 +219,224 @@ fn srq_is_shared_by_two_qps() {
     assert!(s.b.destroy_srq(srq).is_err(), "in use");
 }
 
+const WINDOWED: AccessFlags = AccessFlags(
+    AccessFlags::LOCAL_WRITE.bits()
+        | AccessFlags::REMOTE_WRITE.bits()
+        | AccessFlags::REMOTE_READ.bits()
+        | AccessFlags::MW_BIND.bits(),
+);
+
+/// Binds a new window of `pd` through `qpn` of `s.b` over `len` bytes at `off` of `mr`;
+/// the BIND_MW completion and the window's new R_Key.
+fn bind(
+    s: &mut Sim<Engine, Engine>,
+    side: &Side,
+    mr: &MrInfo,
+    off: u64,
+    len: u64,
+    access: AccessFlags,
+) -> (Wc, u32) {
+    let mw = s.b.alloc_mw(side.pd).unwrap();
+    let b = MwBind {
+        mw: mw.handle,
+        rkey: mw.next_rkey(),
+        lkey: mr.lkey,
+        addr: mr.addr + off,
+        length: len,
+        access,
+    };
+    s.b.post_send(side.qpn, &SendWr::bind_mw(77, b)).unwrap();
+    let (_, wb) = drain(s, 999, side.cq, 1);
+    assert_eq!(wb.len(), 1, "{wb:?}");
+    (wb[0], b.rkey)
+}
+
 #[test]
-fn send_with_invalidate_and_local_invalidate() {
+fn a_type_2_window_opens_its_range_until_send_with_invalidate_closes_it() {
     let (a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 6);
-    let mr = b.reg_mr(sb.pd, &sb.mem, 0, 4096, ALL_ACCESS).unwrap();
-    b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 8192, 64)]))
-        .unwrap();
+    let mr = b.reg_mr(sb.pd, &sb.mem, 0, 16384, WINDOWED).unwrap();
     let mut s = sim(a, b, clean(), clean(), 6);
-    let mut w = SendWr::send(1, &[sge(&sa, 0, 16)]).with_opcode(WrOpcode::SendWithInv);
-    w.invalidate_rkey = mr.rkey;
-    s.a.post_send(sa.qpn, &w).unwrap();
-    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
-    assert_eq!(wa[0].status, WcStatus::Success);
-    assert_eq!(wb[0].invalidated_rkey(), Some(mr.rkey));
-    // The invalidated key no longer grants access.
+    let (wc, wkey) = bind(&mut s, &sb, &mr, 4096, 4096, AccessFlags::REMOTE_WRITE);
+    assert_eq!(
+        (wc.opcode, wc.status),
+        (WcOpcode::BindMw, WcStatus::Success)
+    );
+    assert_ne!(wkey, mr.rkey);
+    // A WRITE through the window lands where the window says.
+    sa.mem.fill(0, 100, 0x5a).unwrap();
     s.a.post_send(
         sa.qpn,
-        &SendWr::write(2, &[sge(&sa, 0, 8)], mr.addr, mr.rkey),
+        &SendWr::write(1, &[sge(&sa, 0, 100)], mr.addr + 4096, wkey),
     )
     .unwrap();
     let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
-    assert_eq!(wa[0].status, WcStatus::RemAccessErr);
-
-    // LOCAL_INV on the requester's own region.
-    let (mut a, b, sa, _sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 7);
-    let mr = a.reg_mr(sa.pd, &sa.mem, 0, 4096, ALL_ACCESS).unwrap();
-    let mut inv = SendWr::send(1, &[]).with_opcode(WrOpcode::LocalInv);
-    inv.invalidate_rkey = mr.lkey;
-    a.post_send(sa.qpn, &inv).unwrap();
-    let g = Sge {
-        addr: mr.addr,
-        length: 8,
-        lkey: mr.lkey,
-    };
-    a.post_send(sa.qpn, &SendWr::send(2, &[g])).unwrap();
-    let mut s = sim(a, b, clean(), clean(), 7);
-    let (wa, _) = drain(&mut s, sa.cq, 999, 1);
-    assert_eq!(wa[0].opcode, WcOpcode::LocalInv);
     assert_eq!(wa[0].status, WcStatus::Success);
-    assert_eq!(wa[1].status, WcStatus::LocProtErr);
+    assert!(sb.mem.to_vec(4096, 100).unwrap().iter().all(|&x| x == 0x5a));
+    // SEND_WITH_INV closes it; the receive reports which key.
+    s.b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 32768, 64)]))
+        .unwrap();
+    let mut w = SendWr::send(2, &[sge(&sa, 0, 16)]).with_opcode(WrOpcode::SendWithInv);
+    w.invalidate_rkey = wkey;
+    s.a.post_send(sa.qpn, &w).unwrap();
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wb[0].invalidated_rkey(), Some(wkey));
+    // The region itself is untouched: its own key still works; the window's does not.
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(3, &[sge(&sa, 0, 8)], mr.addr, mr.rkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(4, &[sge(&sa, 0, 8)], mr.addr + 4096, wkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wa[1].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn a_window_checks_range_and_access_and_opens_to_its_qp_only() {
+    let (mut a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 8);
+    let mr = b.reg_mr(sb.pd, &sb.mem, 0, 16384, WINDOWED).unwrap();
+    // A second connection, to a QP of the same PD on B.
+    let sa2 = side(&mut a, QpType::Rc, 1 << 14, 64);
+    let mut init = QpInitAttr::new(QpType::Rc, sb.pd, sb.cq);
+    init.cap.max_send_wr = 16;
+    init.cap.max_recv_wr = 16;
+    let qb2 = b.create_qp(&init).unwrap();
+    connect(
+        &mut a,
+        sa2.qpn,
+        QpType::Rc,
+        qb2,
+        IP_B,
+        Mtu::Mtu1024,
+        5,
+        6,
+        |_| {},
+    );
+    connect(
+        &mut b,
+        qb2,
+        QpType::Rc,
+        sa2.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        6,
+        5,
+        |_| {},
+    );
+    let mut s = sim(a, b, clean(), clean(), 8);
+    let (wc, wkey) = bind(&mut s, &sb, &mr, 0, 8192, AccessFlags::REMOTE_READ);
+    assert_eq!(wc.status, WcStatus::Success);
+    // Bound through the first QP: the second may not use it.
+    s.a.post_send(
+        sa2.qpn,
+        &SendWr::read(1, &[sge(&sa2, 0, 64)], mr.addr, wkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa2.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::RemAccessErr);
+    // The first may read inside it but not past its end; the READ before the violation
+    // still gets its data (the NAK comes after it, in PSN order).
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(2, &[sge(&sa, 0, 64)], mr.addr + 8128, wkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(3, &[sge(&sa, 0, 65)], mr.addr + 8128, wkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!(wa[1].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn binds_are_checked_and_regions_cannot_be_invalidated() {
+    // Each refusal sends B's QP to ERR, so each gets a fresh connection.
+    let fresh = |seed| {
+        let (a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, seed);
+        let mr = b.reg_mr(sb.pd, &sb.mem, 0, 16384, WINDOWED).unwrap();
+        let plain = b.reg_mr(sb.pd, &sb.mem, 0, 16384, ALL_ACCESS).unwrap();
+        (sim(a, b, clean(), clean(), seed), sa, sb, mr, plain)
+    };
+    let (mut s, _, sb, _, plain) = fresh(20);
+    let (wc, _) = bind(&mut s, &sb, &plain, 0, 64, AccessFlags::REMOTE_READ);
+    assert_eq!(wc.status, WcStatus::MwBindErr, "a region without MW_BIND");
+    assert_eq!(s.b.qp_state(sb.qpn), Some(QpState::Err));
+    let (mut s, _, sb, mr, _) = fresh(21);
+    let (wc, _) = bind(&mut s, &sb, &mr, 16000, 1000, AccessFlags::REMOTE_READ);
+    assert_eq!(wc.status, WcStatus::MwBindErr, "past the region's end");
+    let (mut s, _, sb, mr, _) = fresh(22);
+    let (wc, _) = bind(&mut s, &sb, &mr, 0, 64, AccessFlags::LOCAL_WRITE);
+    assert_eq!(wc.status, WcStatus::MwBindErr, "a local access flag");
+    // A bound window is invalidated before it is bound again.
+    let (mut s, _, sb, mr, _) = fresh(23);
+    let mw = s.b.alloc_mw(sb.pd).unwrap();
+    let mut b1 = MwBind {
+        mw: mw.handle,
+        rkey: mw.next_rkey(),
+        lkey: mr.lkey,
+        addr: mr.addr,
+        length: 64,
+        access: AccessFlags::REMOTE_READ,
+    };
+    s.b.post_send(sb.qpn, &SendWr::bind_mw(1, b1)).unwrap();
+    b1.rkey = (b1.rkey & !0xff) | ((b1.rkey + 1) & 0xff);
+    s.b.post_send(sb.qpn, &SendWr::bind_mw(2, b1)).unwrap();
+    let (_, wb) = drain(&mut s, 999, sb.cq, 1);
+    assert_eq!(wb[0].status, WcStatus::Success);
+    assert_eq!(wb[1].status, WcStatus::MwBindErr);
+    // A new key of another window's index.
+    let (mut s, _, sb, mr, _) = fresh(24);
+    let mw = s.b.alloc_mw(sb.pd).unwrap();
+    let b2 = MwBind {
+        mw: mw.handle,
+        rkey: mr.rkey,
+        lkey: mr.lkey,
+        addr: mr.addr,
+        length: 64,
+        access: AccessFlags::REMOTE_READ,
+    };
+    s.b.post_send(sb.qpn, &SendWr::bind_mw(1, b2)).unwrap();
+    let (_, wb) = drain(&mut s, 999, sb.cq, 1);
+    assert_eq!(wb[0].status, WcStatus::MwBindErr);
+
+    // SEND_WITH_INV of a region's key is an invalid request (rxe: REM_INV_REQ_ERR on
+    // both sides), and the region stays valid.
+    let (mut s, sa, sb, _, plain) = fresh(25);
+    s.b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 32768, 64)]))
+        .unwrap();
+    let mut w = SendWr::send(1, &[sge(&sa, 0, 16)]).with_opcode(WrOpcode::SendWithInv);
+    w.invalidate_rkey = plain.rkey;
+    s.a.post_send(sa.qpn, &w).unwrap();
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(wb[0].status, WcStatus::RemInvReqErr);
+    // LOCAL_INV of a region fails too (LOC_QP_OP_ERR, as rxe), of a window it works.
+    let (a, b, sa, _) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 26);
+    let mut s = sim(b, a, clean(), clean(), 26);
+    let mr = s.b.reg_mr(sa.pd, &sa.mem, 0, 4096, WINDOWED).unwrap();
+    let (wc, wkey) = bind(&mut s, &sa, &mr, 0, 4096, AccessFlags::REMOTE_READ);
+    assert_eq!(wc.status, WcStatus::Success);
+    let mut inv = SendWr::send(1, &[]).with_opcode(WrOpcode::LocalInv);
+    inv.invalidate_rkey = wkey;
+    s.b.post_send(sa.qpn, &inv).unwrap();
+    inv.invalidate_rkey = mr.lkey;
+    inv.wr_id = 2;
+    s.b.post_send(sa.qpn, &inv).unwrap();
+    let (_, wb) = drain(&mut s, 999, sa.cq, 1);
+    assert_eq!(
+        (wb[0].opcode, wb[0].status),
+        (WcOpcode::LocalInv, WcStatus::Success)
+    );
+    assert_eq!(wb[1].status, WcStatus::LocQpOpErr);
 }
 
 #[test]

@@ -182,7 +182,8 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
     eo.send_wr = 2 * MAX_ITERS;
     eo.recv_wr = 2 * MAX_ITERS;
     let e = Endpoint::new(dev.clone(), &eo).map_err(|x| x.to_string())?;
-    // SEND_WITH_INV invalidates a key the receive does not use: a second region.
+    // SEND_WITH_INV invalidates a key the receive does not use: a type 2 window over a
+    // second region (only windows can be invalidated, as in rxe), bound once connected.
     let inv_mr: Option<MrInfo> = if o.op == Op::SendInv && !o.requester {
         let m = crate::verbs::Memory::new(4096);
         Some(
@@ -191,7 +192,7 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
                 &m,
                 0,
                 4096,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND,
             )
             .map_err(|x| x.to_string())?,
         )
@@ -284,7 +285,10 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
             fail = Some(format!("target: {}", rest.get(2..).unwrap_or("")));
         }
     } else {
-        let inv = inv_mr.map(|m| m.rkey).unwrap_or(0);
+        let inv = match inv_mr {
+            Some(m) => bind_window(&e, &m, o.wait)?,
+            None => 0,
+        };
         if o.rnr_delay.is_zero() {
             post_receives(&e, &o)?;
         }
@@ -477,6 +481,26 @@ fn post_receives(e: &Endpoint, o: &Opts) -> Result<(), String> {
 }
 
 /// The receive completions the requester's operations produce.
+/// Binds a new type 2 window over all of `mr` through the endpoint's QP; its R_Key.
+fn bind_window(e: &Endpoint, mr: &MrInfo, wait: Duration) -> Result<u32, String> {
+    let mw = e.dev.alloc_mw(e.pd).map_err(|x| x.to_string())?;
+    let b = crate::verbs::MwBind {
+        mw: mw.handle,
+        rkey: mw.next_rkey(),
+        lkey: mr.lkey,
+        addr: mr.addr,
+        length: mr.length,
+        access: AccessFlags::REMOTE_WRITE,
+    };
+    e.qp.post_send(&SendWr::bind_mw(u64::MAX, b))
+        .map_err(|x| x.to_string())?;
+    let w = e.next_wc(wait)?;
+    if w.status != WcStatus::Success || w.opcode != WcOpcode::BindMw {
+        return Err(format!("BIND_MW completed {:?} {:?}", w.opcode, w.status));
+    }
+    Ok(b.rkey)
+}
+
 fn target_receives(e: &Endpoint, o: &Opts, inv: u32) -> Result<(), String> {
     if matches!(o.op, Op::SendImm | Op::SendInv | Op::WriteImm) {
         for i in 0..o.iters {

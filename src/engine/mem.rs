@@ -5,7 +5,7 @@
 
 use crate::rng::Rng;
 use crate::verbs::mr::{MrInfo, MrInner};
-use crate::verbs::wr::{MAX_SGE, SgList, Sge};
+use crate::verbs::wr::{MAX_SGE, MwBind, SgList, Sge};
 use crate::verbs::{AccessFlags, Error, Memory};
 use std::sync::Arc;
 
@@ -29,7 +29,9 @@ pub struct MrTable {
     /// The key byte last used at each index, so a reused index gets a new one.
     last_byte: Vec<(u8, u8)>,
     free: Vec<usize>,
+    /// Regions and windows held.
     count: usize,
+    windows: usize,
 }
 
 impl MrTable {
@@ -67,6 +69,23 @@ impl MrTable {
                 max: max as u64,
             });
         }
+        let (idx, lb, rb) = self.take_index(rng, "memory regions")?;
+        let info = MrInfo {
+            lkey: ((idx as u32) << 8) | u32::from(lb),
+            rkey: ((idx as u32) << 8) | u32::from(rb),
+            addr: iova,
+            length: len as u64,
+            access,
+            pd,
+        };
+        self.slots[idx] = Some(Arc::new(MrInner::new(info, mem, offset)));
+        self.count += 1;
+        Ok(info)
+    }
+
+    /// A free slot and fresh key bytes for it (never the ones its last user had, so
+    /// stale keys stay dead).
+    fn take_index(&mut self, rng: &mut Rng, what: &'static str) -> Result<(usize, u8, u8), Error> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -81,10 +100,8 @@ impl MrTable {
             }
         };
         if idx >= 1 << 24 {
-            return Err(Error::Limit {
-                what: "memory regions",
-                max: 1 << 24,
-            });
+            self.free.push(idx);
+            return Err(Error::Limit { what, max: 1 << 24 });
         }
         let (ol, or) = self.last_byte[idx];
         let mut pick = |old: u8| {
@@ -96,17 +113,119 @@ impl MrTable {
         };
         let (lb, rb) = (pick(ol), pick(or));
         self.last_byte[idx] = (lb, rb);
+        Ok((idx, lb, rb))
+    }
+
+    /// `ibv_alloc_mw` (type 2): a window of PD `pd`, bound to nothing. Returns its R_Key;
+    /// the index part (`rkey >> 8`) is the window's handle for binds and deallocation.
+    pub fn alloc_window(&mut self, rng: &mut Rng, pd: u32, max: usize) -> Result<u32, Error> {
+        if self.windows >= max {
+            return Err(Error::Limit {
+                what: "memory windows",
+                max: max as u64,
+            });
+        }
+        let (idx, _, rb) = self.take_index(rng, "memory windows")?;
+        let rkey = ((idx as u32) << 8) | u32::from(rb);
+        self.slots[idx] = Some(Arc::new(MrInner::unbound_window(rkey, pd)));
+        self.windows += 1;
+        Ok(rkey)
+    }
+
+    /// The same window another engine of the device allocated (see `register_replica`).
+    pub fn alloc_window_replica(&mut self, rkey: u32, pd: u32) -> Result<(), Error> {
+        let idx = (rkey >> 8) as usize;
+        if idx == 0 || idx >= 1 << 24 {
+            return Err(Error::InvalidMr("a replica window key of index 0"));
+        }
+        while self.slots.len() <= idx {
+            self.slots.push(None);
+            self.last_byte.push((0, 0));
+        }
+        if self.slots[idx].is_some() {
+            return Err(Error::InvalidMr(
+                "the replica's slot is taken: shards out of step",
+            ));
+        }
+        self.free.retain(|&i| i != idx);
+        self.last_byte[idx].1 = rkey as u8;
+        self.slots[idx] = Some(Arc::new(MrInner::unbound_window(rkey, pd)));
+        self.windows += 1;
+        Ok(())
+    }
+
+    /// `ibv_dealloc_mw` of the window with handle `mw` (`rkey >> 8`); returns its PD.
+    pub fn dealloc_window(&mut self, mw: u32) -> Result<u32, Error> {
+        let idx = mw as usize;
+        match self.slots.get(idx) {
+            Some(Some(w)) if w.window.is_some() => {
+                w.valid.store(false, std::sync::atomic::Ordering::Release);
+                let pd = w.info.pd;
+                self.slots[idx] = None;
+                self.free.push(idx);
+                self.windows -= 1;
+                Ok(pd)
+            }
+            _ => Err(Error::NoSuch {
+                kind: "memory window",
+                handle: mw,
+            }),
+        }
+    }
+
+    /// Binds window `b.mw` (type 2) of PD `pd` through QP `qpn`: `b.length` bytes at
+    /// `b.addr` of the region of `b.lkey`, opened to peers with `b.access` under the new
+    /// R_Key `b.rkey`. The checks of IBA 10.6.7.2 as rxe makes them (`rxe_check_bind_mw`):
+    /// the window unbound (a type 2 window is invalidated before it is bound again), the
+    /// new key of the window's index, the region valid, of the PD and with MW_BIND, the
+    /// range inside it, and remote write or atomic only over LOCAL_WRITE.
+    pub fn bind_window(&mut self, pd: u32, qpn: u32, b: &MwBind) -> Result<(), &'static str> {
+        let idx = b.mw as usize;
+        let Some(Some(w)) = self.slots.get(idx) else {
+            return Err("no such memory window");
+        };
+        if w.window.is_none() || w.info.pd != pd {
+            return Err("not a memory window of the QP's PD");
+        }
+        if w.is_valid() {
+            return Err("the window is bound: invalidate it first");
+        }
+        if (b.rkey >> 8) as usize != idx {
+            return Err("the new R_Key is not of the window's index");
+        }
+        let mr = self
+            .lookup(b.lkey, false, pd)
+            .map_err(|_| "no valid region of the QP's PD with that lkey")?;
+        if !mr.access().contains(AccessFlags::MW_BIND) {
+            return Err("the region was registered without MW_BIND");
+        }
+        let remote =
+            AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC;
+        if b.access.without(remote) != AccessFlags::EMPTY {
+            return Err("a window grants only remote read, write and atomic access");
+        }
+        if b.access
+            .intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !mr.access().contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err("remote write or atomic through a window needs LOCAL_WRITE on the region");
+        }
+        let off = mr
+            .range(b.addr, b.length)
+            .ok_or("the range is outside the region")?;
         let info = MrInfo {
-            lkey: ((idx as u32) << 8) | u32::from(lb),
-            rkey: ((idx as u32) << 8) | u32::from(rb),
-            addr: iova,
-            length: len as u64,
-            access,
+            lkey: 0,
+            rkey: b.rkey,
+            addr: b.addr,
+            length: b.length,
+            access: b.access,
             pd,
         };
-        self.slots[idx] = Some(Arc::new(MrInner::new(info, mem, offset)));
-        self.count += 1;
-        Ok(info)
+        let mut inner = MrInner::new(info, mr.mem.clone(), off);
+        inner.window = Some(Some((mr.clone(), qpn)));
+        self.last_byte[idx].1 = b.rkey as u8;
+        self.slots[idx] = Some(Arc::new(inner));
+        Ok(())
     }
 
     /// Registers a copy of a region another engine of the same device registered, with
@@ -188,12 +307,17 @@ impl MrTable {
     pub fn remote(
         &self,
         pd: u32,
+        qpn: u32,
         rkey: u32,
         va: u64,
         len: u64,
         need: AccessFlags,
     ) -> Result<(Arc<MrInner>, usize), AccessError> {
         let mr = self.lookup(rkey, true, pd)?;
+        // A type 2 window opens its range only to the QP it was bound through.
+        if mr.window_qp().is_some_and(|q| q != qpn) {
+            return Err(AccessError::BadKey);
+        }
         if !mr.access().contains(need) {
             return Err(AccessError::Permission);
         }
@@ -201,15 +325,25 @@ impl MrTable {
         Ok((mr.clone(), off))
     }
 
-    /// Invalidates the region whose lkey or rkey is `key` (LOCAL_INV, SEND_WITH_INV).
+    /// Invalidates the bound window whose R_Key is `key` (LOCAL_INV, SEND_WITH_INV); it
+    /// can be bound again. Regions cannot be invalidated (`Permission`): IBA allows it
+    /// only for fast-registration regions, which roce-xdp does not have, and rxe refuses
+    /// it for regions of `ibv_reg_mr`; otherwise any peer holding an R_Key could revoke
+    /// the region under every other user of it.
     pub fn invalidate(&self, key: u32, pd: u32) -> Result<(), AccessError> {
         let mr = self
             .slots
             .get((key >> 8) as usize)
             .and_then(Option::as_ref)
             .ok_or(AccessError::BadKey)?;
-        if (mr.info.rkey != key && mr.info.lkey != key) || mr.info.pd != pd {
+        if mr.window.is_none() {
+            return Err(AccessError::Permission);
+        }
+        if mr.info.rkey != key || mr.info.pd != pd {
             return Err(AccessError::BadKey);
+        }
+        if !mr.is_valid() {
+            return Err(AccessError::Invalidated);
         }
         mr.invalidate();
         Ok(())
@@ -409,16 +543,16 @@ mod tests {
             AccessError::BadKey
         );
         assert!(
-            t.remote(1, a.rkey, 0x1000, 100, AccessFlags::REMOTE_READ)
+            t.remote(1, 0x11, a.rkey, 0x1000, 100, AccessFlags::REMOTE_READ)
                 .is_ok()
         );
         assert_eq!(
-            t.remote(1, a.rkey, 0x1000, 100, AccessFlags::REMOTE_WRITE)
+            t.remote(1, 0x11, a.rkey, 0x1000, 100, AccessFlags::REMOTE_WRITE)
                 .unwrap_err(),
             AccessError::Permission
         );
         assert_eq!(
-            t.remote(1, a.rkey, 0x1001, 100, AccessFlags::REMOTE_READ)
+            t.remote(1, 0x11, a.rkey, 0x1001, 100, AccessFlags::REMOTE_READ)
                 .unwrap_err(),
             AccessError::Range
         );

@@ -32,7 +32,7 @@ use crate::rng::Rng;
 use crate::time::Time;
 use crate::verbs::device::Gid;
 use crate::verbs::{
-    AccessFlags, AsyncEvent, Cq, DeviceConfig, DeviceLimits, Error, Memory, MrInfo, PortAttr,
+    AccessFlags, AsyncEvent, Cq, DeviceConfig, DeviceLimits, Error, Memory, MrInfo, Mw, PortAttr,
     QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, SendWr, Srq, Wc,
 };
 use crate::wire::Frame;
@@ -374,6 +374,39 @@ impl Engine {
     /// its memory alive until it finishes.
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), Error> {
         let pd = self.ctx.mrs.deregister(lkey)?;
+        self.pd_use(pd, -1)
+    }
+
+    /// `ibv_alloc_mw(pd, IBV_MW_TYPE_2)`: a memory window, bound to nothing until a
+    /// BIND_MW work request binds it (through a QP, which alone may then use it).
+    pub fn alloc_mw(&mut self, pd: u32) -> Result<Mw, Error> {
+        self.ctx.pds.get(pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: pd,
+        })?;
+        let max = self.ctx.cfg.limits.max_mw as usize;
+        let rkey = self.ctx.mrs.alloc_window(&mut self.ctx.rng, pd, max)?;
+        self.pd_use(pd, 1)?;
+        Ok(Mw {
+            handle: rkey >> 8,
+            rkey,
+            pd,
+        })
+    }
+
+    /// The window another engine of the same device allocated (see `reg_mr_replica`).
+    pub fn alloc_mw_replica(&mut self, mw: &Mw) -> Result<(), Error> {
+        self.ctx.pds.get(mw.pd).ok_or(Error::NoSuch {
+            kind: "PD",
+            handle: mw.pd,
+        })?;
+        self.ctx.mrs.alloc_window_replica(mw.rkey, mw.pd)?;
+        self.pd_use(mw.pd, 1)
+    }
+
+    /// `ibv_dealloc_mw`: later packets with its key are refused (remote access NAK).
+    pub fn dealloc_mw(&mut self, handle: u32) -> Result<(), Error> {
+        let pd = self.ctx.mrs.dealloc_window(handle)?;
         self.pd_use(pd, -1)
     }
 

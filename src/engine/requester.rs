@@ -286,7 +286,12 @@ pub fn validate_send_wr(
         WrOpcode::LocalInv if ud => {
             return Err(Error::InvalidWr("LOCAL_INV needs a connected QP"));
         }
-        WrOpcode::BindMw => return Err(Error::InvalidWr("memory windows are not supported")),
+        WrOpcode::BindMw if ud => {
+            return Err(Error::InvalidWr("BIND_MW needs a connected QP"));
+        }
+        WrOpcode::BindMw if wr.bind.is_none() => {
+            return Err(Error::InvalidWr("a BIND_MW needs wr.bind"));
+        }
         _ => {}
     }
     // A misaligned remote_addr is not refused here: the responder answers it with an
@@ -485,16 +490,28 @@ impl Qp {
                     return None;
                 }
                 let op = w.wr.opcode;
-                if op == WrOpcode::LocalInv {
-                    // Waits for every earlier WQE to complete (rxe), then runs locally.
+                if op.is_local() {
+                    // Waits for every earlier WQE to complete (rxe), then runs locally. A
+                    // failure completes it in error and the QP goes to ERR, as in rxe:
+                    // LOC_QP_OP_ERR for LOCAL_INV, MW_BIND_ERR for BIND_MW.
                     if idx != 0 {
                         return None;
                     }
-                    let ok = ctx.mrs.invalidate(w.wr.invalidate_rkey, self.pd).is_ok();
-                    let st = if ok {
-                        WcStatus::Success
-                    } else {
-                        WcStatus::LocQpOpErr
+                    let st = match (op, w.wr.bind) {
+                        (WrOpcode::BindMw, Some(b)) => {
+                            match ctx.mrs.bind_window(self.pd, self.qpn, &b) {
+                                Ok(()) => WcStatus::Success,
+                                Err(why) => {
+                                    tracing::debug!(qpn = self.qpn, "BIND_MW refused: {why}");
+                                    WcStatus::MwBindErr
+                                }
+                            }
+                        }
+                        (WrOpcode::BindMw, None) => WcStatus::MwBindErr,
+                        _ => match ctx.mrs.invalidate(w.wr.invalidate_rkey, self.pd) {
+                            Ok(()) => WcStatus::Success,
+                            Err(_) => WcStatus::LocQpOpErr,
+                        },
                     };
                     self.req.sq[idx].state = WqeState::Done(st);
                     self.req.sq[idx].assigned = true;

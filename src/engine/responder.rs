@@ -456,6 +456,7 @@ impl Qp {
             } else {
                 match ctx.mrs.remote(
                     self.pd,
+                    self.qpn,
                     reth.rkey(),
                     reth.va(),
                     u64::from(len),
@@ -540,6 +541,7 @@ impl Qp {
         } else {
             match ctx.mrs.remote(
                 self.pd,
+                self.qpn,
                 reth.rkey(),
                 reth.va(),
                 u64::from(len),
@@ -581,7 +583,14 @@ impl Qp {
         };
         let (mr, off) = ctx
             .mrs
-            .remote(self.pd, a.rkey(), a.va(), 8, AccessFlags::REMOTE_ATOMIC)
+            .remote(
+                self.pd,
+                self.qpn,
+                a.rkey(),
+                a.va(),
+                8,
+                AccessFlags::REMOTE_ATOMIC,
+            )
             .map_err(|_| Refuse::RemoteAccess)?;
         // Atomics need an 8-byte aligned target (IBA 9.4.5): INVALID_REQUEST otherwise.
         let Some(cell) = a
@@ -690,6 +699,7 @@ impl Qp {
                 } else {
                     match ctx.mrs.remote(
                         self.pd,
+                        self.qpn,
                         reth.rkey(),
                         reth.va(),
                         u64::from(l),

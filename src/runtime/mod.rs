@@ -30,8 +30,8 @@ mod worker;
 use crate::engine::Counters;
 use crate::link::xdp::XdpConfig;
 use crate::verbs::{
-    AccessFlags, AddressVector, AsyncEvent, DeviceConfig, Error, Gid, Memory, MrInfo, Mtu, QpAttr,
-    QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr, Wc,
+    AccessFlags, AddressVector, AsyncEvent, DeviceConfig, Error, Gid, Memory, MrInfo, Mtu, Mw,
+    QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendWr, Wc,
 };
 use crossbeam::channel::Receiver;
 use crossbeam::queue::ArrayQueue;
@@ -539,6 +539,21 @@ impl Device {
 
     pub fn dereg_mr(&self, lkey: u32) -> Result<(), RuntimeError> {
         self.verbs_all(move |l| l.engine.dereg_mr(lkey))
+    }
+
+    /// `ibv_alloc_mw(pd, IBV_MW_TYPE_2)`; bind it with a BIND_MW work request
+    /// ([`SendWr::bind_mw`](crate::verbs::SendWr::bind_mw)) on the QP that will use it.
+    pub fn alloc_mw(&self, pd: u32) -> Result<Mw, RuntimeError> {
+        let mw = self.verbs(move |l| l.engine.alloc_mw(pd))?;
+        for k in 1..self.threads() {
+            self.call_on(k, move |l| l.engine.alloc_mw_replica(&mw))??;
+        }
+        Ok(mw)
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&self, handle: u32) -> Result<(), RuntimeError> {
+        self.verbs_all(move |l| l.engine.dealloc_mw(handle))
     }
 
     /// `ibv_create_cq` with `depth` entries.

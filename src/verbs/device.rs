@@ -58,6 +58,8 @@ pub struct DeviceLimits {
     pub max_cqe: u32,
     pub max_mr: u32,
     pub max_mr_size: u64,
+    /// Memory windows (type 2).
+    pub max_mw: u32,
     pub max_pd: u32,
     pub max_qp_rd_atom: u8,
     pub max_qp_init_rd_atom: u8,
@@ -81,6 +83,7 @@ impl Default for DeviceLimits {
             max_cqe: 0x8000,
             max_mr: 0x40000,
             max_mr_size: u64::MAX,
+            max_mw: 0x10000,
             max_pd: 0x7ffc,
             max_qp_rd_atom: 128,
             max_qp_init_rd_atom: 128,

@@ -22,7 +22,7 @@ pub use types::{
     AccessFlags, AsyncEvent, Mtu, QpAttrMask, QpState, QpType, SendFlags, WcFlags, WcOpcode,
     WcStatus, WrOpcode,
 };
-pub use wr::{RecvWr, SendWr, SgList, Sge, UdDest, Wc};
+pub use wr::{Mw, MwBind, RecvWr, SendWr, SgList, Sge, UdDest, Wc};
 
 use std::net::IpAddr;
 

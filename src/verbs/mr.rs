@@ -198,6 +198,10 @@ pub struct MrInner {
     /// Offset in `mem` of the byte at `info.addr`.
     pub(crate) offset: usize,
     pub(crate) valid: AtomicBool,
+    /// A memory window (type 2), not a region: it has no lkey, only windows can be
+    /// invalidated (SEND_WITH_INV, LOCAL_INV), and while bound it names the region under
+    /// it and the QP it was bound through, the only QP that may use it (IBA 10.6.7.2).
+    pub(crate) window: Option<Option<(Arc<MrInner>, u32)>>,
 }
 
 impl MrInner {
@@ -207,12 +211,46 @@ impl MrInner {
             mem,
             offset,
             valid: AtomicBool::new(true),
+            window: None,
         }
     }
 
+    /// A memory window not bound to anything: its key opens nothing.
+    pub(crate) fn unbound_window(rkey: u32, pd: u32) -> MrInner {
+        let info = MrInfo {
+            lkey: 0,
+            rkey,
+            addr: 0,
+            length: 0,
+            access: AccessFlags::EMPTY,
+            pd,
+        };
+        MrInner {
+            info,
+            mem: Memory::new(0),
+            offset: 0,
+            valid: AtomicBool::new(false),
+            window: Some(None),
+        }
+    }
+
+    /// True for a region, or a window bound to a region that is still valid.
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire)
+            && match &self.window {
+                Some(Some((mr, _))) => mr.is_valid(),
+                _ => true,
+            }
+    }
+
+    /// The QP a bound window may be used through (`None` for a region).
+    #[inline]
+    pub(crate) fn window_qp(&self) -> Option<u32> {
+        match &self.window {
+            Some(Some((_, qpn))) => Some(*qpn),
+            _ => None,
+        }
     }
 
     pub(crate) fn invalidate(&self) {
@@ -251,8 +289,8 @@ pub fn check_access(access: AccessFlags) -> Result<(), &'static str> {
     {
         return Err("REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE");
     }
-    if access.intersects(AccessFlags::ON_DEMAND | AccessFlags::ZERO_BASED | AccessFlags::MW_BIND) {
-        return Err("ON_DEMAND, ZERO_BASED and MW_BIND are not supported");
+    if access.intersects(AccessFlags::ON_DEMAND | AccessFlags::ZERO_BASED) {
+        return Err("ON_DEMAND and ZERO_BASED are not supported");
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! posting a request copies it into the queue without a heap allocation of its own.
 
 use super::qp::AddressVector;
-use super::types::{SendFlags, WcFlags, WcOpcode, WcStatus, WrOpcode};
+use super::types::{AccessFlags, SendFlags, WcFlags, WcOpcode, WcStatus, WrOpcode};
 
 /// Most scatter/gather entries one work request may carry.
 pub const MAX_SGE: usize = 16;
@@ -98,6 +98,35 @@ impl std::fmt::Debug for InlineData {
     }
 }
 
+/// A type 2 memory window (`ibv_alloc_mw(pd, IBV_MW_TYPE_2)`): a handle and the R_Key
+/// it has now (each bind gives it a new one, see [`Mw::next_rkey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mw {
+    pub handle: u32,
+    pub rkey: u32,
+    pub pd: u32,
+}
+
+impl Mw {
+    /// `ibv_inc_rkey`: the same index with the next key byte, for the next bind.
+    pub fn next_rkey(&self) -> u32 {
+        (self.rkey & !0xff) | (self.rkey.wrapping_add(1) & 0xff)
+    }
+}
+
+/// What an `IBV_WR_BIND_MW` binds (`wr.bind_mw` of `ibv_send_wr`): window `mw` (its
+/// handle) gets R_Key `rkey` and opens `length` bytes at `addr` of the region of `lkey`
+/// with `access` (remote read, write, atomic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBind {
+    pub mw: u32,
+    pub rkey: u32,
+    pub lkey: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: AccessFlags,
+}
+
 /// Where a UD send goes (`wr.ud` of `ibv_send_wr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdDest {
@@ -132,6 +161,8 @@ pub struct SendWr {
     pub swap: u64,
     /// UD destination.
     pub ud: Option<UdDest>,
+    /// What a BIND_MW binds.
+    pub bind: Option<MwBind>,
 }
 
 impl SendWr {
@@ -149,6 +180,7 @@ impl SendWr {
             compare_add: 0,
             swap: 0,
             ud: None,
+            bind: None,
         }
     }
     /// A signaled SEND of `sges`.
@@ -161,6 +193,13 @@ impl SendWr {
             remote_addr,
             rkey,
             ..Self::base(wr_id, WrOpcode::RdmaWrite, sges)
+        }
+    }
+    /// A signaled BIND_MW: window `mw` gets R_Key `b.rkey` over the range `b` describes.
+    pub fn bind_mw(wr_id: u64, b: MwBind) -> SendWr {
+        SendWr {
+            bind: Some(b),
+            ..Self::base(wr_id, WrOpcode::BindMw, &[])
         }
     }
     /// A signaled RDMA READ into `sges` from `remote_addr` in the region of `rkey`.
