@@ -29,7 +29,7 @@ pub struct MrTable {
     /// The key byte last used at each index, so a reused index gets a new one.
     last_byte: Vec<(u8, u8)>,
     free: Vec<usize>,
-    /// Regions and windows held.
+    /// Regions held (`max_mr` bounds them) and windows held (`max_mw`).
     count: usize,
     windows: usize,
 }
