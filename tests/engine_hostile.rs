@@ -24,7 +24,7 @@ struct Evil {
     psn: (u8, i32, u32),
     dest: (bool, u32),
     key: (u8, u32),
-    va: (bool, i64, u64),
+    va: (u8, i64, u64),
     len: (u8, u32, u32),
     payload_len: usize,
     fill: u8,
@@ -49,8 +49,8 @@ fn arb_evil() -> impl Strategy<Value = Evil> {
         ],
         (0u8..4, -8i32..160, any::<u32>()),
         (proptest::bool::weighted(0.95), any::<u32>()),
-        (0u8..5, any::<u32>()),
-        (any::<bool>(), -4096i64..80_000, any::<u64>()),
+        (0u8..6, any::<u32>()),
+        (0u8..4, -4096i64..80_000, any::<u64>()),
         (0u8..4, 0u32..70_000, any::<u32>()),
         (0usize..1100, any::<u8>(), any::<bool>(), any::<u8>()),
         (any::<u32>(), any::<u32>(), any::<(u64, u64)>()),
@@ -78,9 +78,9 @@ fn arb_evil() -> impl Strategy<Value = Evil> {
 struct Target {
     qpn: u32,
     epsn: u32,
-    /// Keys and the first IOVA of the regions they open: the main one (all access),
-    /// the read-only one, the deregistered one.
-    keys: [(u32, u64); 3],
+    /// Keys and the first IOVA of what they open: the main region (all access), the
+    /// read-only one, the deregistered one, the read-only window.
+    keys: [(u32, u64); 4],
 }
 
 fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
@@ -92,14 +92,16 @@ fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
         _ => e.psn.2 & 0xff_ffff,
     };
     let (rkey, base) = match e.key.0 {
-        k @ 0..3 => t.keys[usize::from(k)],
-        3 => (t.keys[0].0 ^ 0x100, t.keys[0].1),
+        k @ 0..4 => t.keys[usize::from(k)],
+        4 => (t.keys[0].0 ^ 0x100, t.keys[0].1),
         _ => (e.key.1, t.keys[0].1),
     };
-    let va = if e.va.0 {
-        base.wrapping_add_signed(e.va.1)
-    } else {
-        e.va.2
+    let va = match e.va.0 {
+        // Inside the first 4 KiB (every region and the window hold that much), around
+        // the region, or anywhere.
+        0 | 1 => base + e.va.1.unsigned_abs() % 4096,
+        2 => base.wrapping_add_signed(e.va.1),
+        _ => e.va.2,
     };
     let len = match e.len.0 {
         // What the payload carries (a consistent WRITE ONLY), or anything.
@@ -191,11 +193,14 @@ proptest! {
     ) {
         let (psn_a, psn_b) = (0xff_ff00, 0x10);
         let (mut a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, psn_a, psn_b, seed);
-        // Regions no hostile frame may change: read-only, deregistered, unregistered.
+        // Regions no hostile frame may change: read-only, deregistered, unregistered,
+        // and one opened only through a read-only memory window (its own R_Key is never
+        // shown to the peer).
         let ro = Memory::new(8192);
         let dead = Memory::new(8192);
         let plain = Memory::new(8192);
-        for (m, s) in [(&ro, 1u8), (&dead, 2), (&plain, 3)] {
+        let windowed = Memory::new(8192);
+        for (m, s) in [(&ro, 1u8), (&dead, 2), (&plain, 3), (&windowed, 4)] {
             pattern(m, s);
         }
         let ro_mr = b
@@ -203,6 +208,23 @@ proptest! {
             .unwrap();
         let dead_mr = b.reg_mr(sb.pd, &dead, 0, 8192, ALL_ACCESS).unwrap();
         b.dereg_mr(dead_mr.lkey).unwrap();
+        let win_mr = b
+            .reg_mr(sb.pd, &windowed, 0, 8192, ALL_ACCESS | AccessFlags::MW_BIND)
+            .unwrap();
+        let mw = b.alloc_mw(sb.pd).unwrap();
+        let bind = MwBind {
+            mw: mw.handle,
+            rkey: mw.next_rkey(),
+            lkey: win_mr.lkey,
+            addr: win_mr.addr + 1024,
+            length: 4096,
+            access: AccessFlags::REMOTE_READ,
+        };
+        b.post_send(sb.qpn, &SendWr::bind_mw(9, bind)).unwrap();
+        let mut out = vec![0u8; 9000];
+        let _ = b.poll_transmit(Time(0), &mut out);
+        let w = b.poll_cq_one(sb.cq).unwrap();
+        prop_assert_eq!((w.opcode, w.status), (WcOpcode::BindMw, WcStatus::Success));
         // B has receives posted and requests of its own in flight, so hostile responses
         // meet a completer with state. A violation sends the QP to ERR (as it must);
         // it is then reset and connected again, and the barrage goes on.
@@ -222,10 +244,10 @@ proptest! {
                 (sb.mr.rkey, sb.mr.addr),
                 (ro_mr.rkey, ro_mr.addr),
                 (dead_mr.rkey, dead_mr.addr),
+                (bind.rkey, bind.addr),
             ],
         };
         let mut buf = vec![0u8; 9000];
-        let mut out = vec![0u8; 9000];
         let mut now = Time(0);
         for e in &evil {
             if b.qp_state(sb.qpn) == Some(QpState::Err) {
@@ -249,6 +271,7 @@ proptest! {
         prop_assert!(unchanged(&ro, 1), "a READ-only region was written");
         prop_assert!(unchanged(&dead, 2), "a deregistered region was written");
         prop_assert!(unchanged(&plain, 3), "unregistered memory was written");
+        prop_assert!(unchanged(&windowed, 4), "a read-only window let a write through");
         // Every frame was looked at: accepted for processing or dropped with a reason.
         prop_assert!(b.counters().rcvd_pkts + b.counters().drops() >= evil.len() as u64);
 
