@@ -10,7 +10,9 @@
 //! A request whose PSN lies inside the window already seen in its flow, i.e. from the
 //! flow's first PSN up to its highest (requests and responses both advance it, so a READ
 //! re-requested from its middle is caught too), is a retransmission. A PSN before the
-//! window starts a new incarnation of the flow (a new connection reusing the QP numbers).
+//! window, or more than [`NEW_CONNECTION_GAP`] past it, starts a new connection reusing
+//! the QP numbers (every rxe or roce-xdp process numbers its first QP 0x11, and each
+//! connection starts at a random PSN): a flow of its own, numbered by `conn`.
 
 use crate::wire::aeth::Syndrome;
 use crate::wire::{Frame, Psn};
@@ -26,7 +28,16 @@ pub struct FlowKey {
     pub responder_qp: u32,
     /// For UD: the sending QP, from the DETH.
     pub src_qp: Option<u32>,
+    /// Which connection over these addresses and QP numbers: 0, 1, ... in capture order.
+    pub conn: u32,
 }
+
+/// A request more than this past the furthest PSN its flow could use next is taken as a
+/// new connection's first. Requests follow each other without gaps (a READ reserves the
+/// PSNs of its responses, counted at the smallest MTU), and a capture taken behind a lossy
+/// link misses at most a send window (128 PSNs for rxe and roce-xdp); a random start PSN
+/// falls this close to an old connection's PSNs once in several thousand.
+pub const NEW_CONNECTION_GAP: u32 = 1024;
 
 /// What is known about one flow.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +52,9 @@ pub struct FlowStats {
     pub naks: u64,
     pub rnr_naks: u64,
     window: Option<(Psn, Psn)>,
+    /// The furthest PSN the flow may use next without a gap: its highest, or the last
+    /// response PSN of a READ it asked for.
+    reach: Option<Psn>,
 }
 
 /// What the tracker says about one frame.
@@ -58,6 +72,8 @@ pub struct Tracker {
     pub flows: HashMap<FlowKey, FlowStats>,
     /// (responder IP, requester IP, requester QP) -> flow, learnt from responses.
     pairs: HashMap<(IpAddr, IpAddr, u32), FlowKey>,
+    /// The connection number a request flow is at now.
+    conns: HashMap<FlowKey, u32>,
 }
 
 fn widen(window: &mut Option<(Psn, Psn)>, psn: Psn) {
@@ -65,6 +81,13 @@ fn widen(window: &mut Option<(Psn, Psn)>, psn: Psn) {
         None => *window = Some((psn, psn)),
         Some((_, hi)) if psn.is_after(*hi) => *hi = psn,
         _ => {}
+    }
+}
+
+fn extend(reach: &mut Option<Psn>, psn: Psn) {
+    match reach {
+        Some(r) if !psn.is_after(*r) => {}
+        _ => *reach = Some(psn),
     }
 }
 
@@ -76,6 +99,7 @@ impl Tracker {
             let mut scratch = Tracker {
                 flows: self.flows.clone(),
                 pairs: self.pairs.clone(),
+                conns: self.conns.clone(),
             };
             let mut o = scratch.observe(index, f, true);
             o.retransmission = false;
@@ -87,12 +111,35 @@ impl Tracker {
         let psn = bth.psn();
         let (src, dst) = (f.ip().src(), f.ip().dst());
         if info.request {
-            let key = FlowKey {
+            let base = FlowKey {
                 requester: src,
                 responder: dst,
                 responder_qp: bth.dest_qp(),
                 src_qp: r.deth().map(|d| d.src_qp()),
+                conn: 0,
             };
+            let conn = self.conns.entry(base).or_insert(0);
+            let mut key = FlowKey {
+                conn: *conn,
+                ..base
+            };
+            // UD PSNs say nothing about connections (QP1 sends PSN 0 for ever).
+            let new_conn = info.transport != crate::wire::Transport::Ud
+                && self
+                    .flows
+                    .get(&key)
+                    .is_some_and(|s| match (s.window, s.reach) {
+                        (Some((lo, _)), Some(reach)) => {
+                            psn.is_before(lo)
+                                || (psn.is_after(reach)
+                                    && psn.forward_from(reach) > NEW_CONNECTION_GAP)
+                        }
+                        _ => false,
+                    });
+            if new_conn {
+                *conn += 1;
+                key.conn = *conn;
+            }
             let s = self.flows.entry(key).or_insert_with(|| FlowStats {
                 first_frame: index,
                 ..FlowStats::default()
@@ -103,11 +150,6 @@ impl Tracker {
             let reliable = info.transport == crate::wire::Transport::Rc;
             let retx = reliable
                 && match s.window {
-                    Some((lo, _)) if psn.is_before(lo) => {
-                        // A new connection reusing these QP numbers.
-                        s.window = Some((psn, psn));
-                        false
-                    }
                     Some((_, hi)) => !psn.is_after(hi),
                     None => false,
                 };
@@ -115,6 +157,14 @@ impl Tracker {
                 s.retransmissions += 1;
             }
             widen(&mut s.window, psn);
+            // A READ's responses take one PSN per packet: at most one per 256 bytes.
+            let last = match r.reth() {
+                Some(h) if info.operation == crate::wire::Operation::ReadRequest => {
+                    psn.add(h.dma_len().div_ceil(256).saturating_sub(1))
+                }
+                _ => psn,
+            };
+            extend(&mut s.reach, last);
             Observation {
                 flow: Some(key),
                 response: false,
@@ -173,6 +223,7 @@ impl Tracker {
                 // READ responses advance the window past the READ request's own PSN.
                 if s.window.is_some() {
                     widen(&mut s.window, psn);
+                    extend(&mut s.reach, psn);
                 }
             }
             Observation {
@@ -181,5 +232,107 @@ impl Tracker {
                 retransmission: false,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ip::Ipv4Repr;
+    use crate::wire::{
+        AethRepr, BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Opcode, ROCE_V2_PORT, RoceRepr,
+        UdpRepr,
+    };
+    use std::net::Ipv4Addr;
+
+    const A: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+    /// An RC frame from `src` to `dst`'s QP `dqp`: SEND_ONLY (request) or ACK.
+    fn frame(src: Ipv4Addr, dst: Ipv4Addr, dqp: u32, psn: u32, ack: bool) -> Vec<u8> {
+        let (op, aeth) = if ack {
+            (
+                Opcode(0x11),
+                Some(AethRepr {
+                    syndrome: Syndrome::ACK,
+                    msn: 1,
+                }),
+            )
+        } else {
+            (Opcode(0x04), None)
+        };
+        let repr = FrameRepr {
+            eth: EthRepr {
+                dst: [2, 0, 0, 0, 0, 2],
+                src: [2, 0, 0, 0, 0, 1],
+                vlan: None,
+                ethertype: 0x0800,
+            },
+            ip: IpRepr::V4(Ipv4Repr::new(src, dst, 0)),
+            udp: UdpRepr {
+                src_port: 49152,
+                dst_port: ROCE_V2_PORT,
+            },
+            roce: RoceRepr {
+                bth: BthRepr {
+                    opcode: op,
+                    solicited: false,
+                    mig_req: false,
+                    pad_count: 0,
+                    pkey: 0xffff,
+                    fecn: false,
+                    becn: false,
+                    dest_qp: dqp,
+                    ack_req: !ack,
+                    psn: Psn::new(psn),
+                },
+                ext: ExtRepr {
+                    aeth,
+                    ..ExtRepr::default()
+                },
+                payload: &[],
+            },
+        };
+        let mut buf = vec![0u8; repr.buffer_len().unwrap()];
+        let n = repr.emit(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    #[test]
+    fn a_new_connection_reusing_the_qp_numbers_is_a_flow_of_its_own() {
+        let mut t = Tracker::default();
+        let mut i = 0;
+        let mut feed = |t: &mut Tracker, b: Vec<u8>| {
+            i += 1;
+            t.observe(i, &Frame::parse(&b).unwrap(), true)
+        };
+        // Connection 1: PSNs 0x100..0x103 from A's QP 0x11 to B's QP 0x11, each ACKed.
+        for p in 0x100..0x104 {
+            assert!(!feed(&mut t, frame(A, B, 0x11, p, false)).retransmission);
+            feed(&mut t, frame(B, A, 0x11, p, true));
+        }
+        // One retransmission within it.
+        assert!(feed(&mut t, frame(A, B, 0x11, 0x102, false)).retransmission);
+        // Connection 2, same QP numbers, random start PSNs: one far ahead, then one
+        // behind: new connections, not retransmissions.
+        let o = feed(&mut t, frame(A, B, 0x11, 0x80_0000, false));
+        assert!(!o.retransmission);
+        assert_eq!(o.flow.unwrap().conn, 1);
+        let r = feed(&mut t, frame(B, A, 0x11, 0x80_0000, true));
+        assert_eq!(
+            r.flow.unwrap().conn,
+            1,
+            "the ACK pairs with the new connection"
+        );
+        let o = feed(&mut t, frame(A, B, 0x11, 0x50, false));
+        assert!(!o.retransmission);
+        assert_eq!(o.flow.unwrap().conn, 2);
+        assert_eq!(t.flows.len(), 3);
+        let first = t.flows.values().find(|s| s.first_frame == 1).unwrap();
+        assert_eq!(
+            (first.requests, first.responses, first.retransmissions),
+            (5, 4, 1)
+        );
     }
 }

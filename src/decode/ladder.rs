@@ -41,8 +41,13 @@ pub fn flow_title(k: &FlowKey, st: &FlowStats) -> String {
         .src_qp
         .or(st.requester_qp)
         .map_or("?".to_string(), |q| format!("0x{q:06x}"));
+    let conn = if k.conn > 0 {
+        format!(" (connection {})", k.conn + 1)
+    } else {
+        String::new()
+    };
     format!(
-        "{} QP {} -> {} QP 0x{:06x}",
+        "{} QP {} -> {} QP 0x{:06x}{conn}",
         k.requester, req_qp, k.responder, k.responder_qp
     )
 }
