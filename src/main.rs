@@ -92,7 +92,8 @@ struct ProbeArgs {
     /// req (requester) or tgt (target).
     #[arg(long)]
     role: String,
-    /// write, write_imm, read, send_imm, send_inv, cas or faa.
+    /// write, write_mw (through a memory window the target binds), write_imm, read,
+    /// send_imm, send_inv, cas or faa.
     #[arg(long)]
     op: String,
     #[arg(short = 's', long, default_value_t = 4096)]

@@ -395,6 +395,7 @@ fn probe_commands_check_every_operation_both_ways() {
     let mut port = 18900;
     for (op, size, n) in [
         ("write", "65536", "4"),
+        ("write_mw", "16384", "4"),
         ("write_imm", "4096", "4"),
         ("read", "1048576", "1"),
         ("send_imm", "16384", "4"),

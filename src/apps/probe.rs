@@ -34,6 +34,8 @@ pub const MAX_ITERS: u32 = 64;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Write,
+    /// WRITE through a type 2 memory window the target binds over its buffer.
+    WriteMw,
     WriteImm,
     Read,
     SendImm,
@@ -46,6 +48,7 @@ impl Op {
     pub fn parse(s: &str) -> Option<Op> {
         Some(match s {
             "write" => Op::Write,
+            "write_mw" => Op::WriteMw,
             "write_imm" => Op::WriteImm,
             "read" => Op::Read,
             "send_imm" => Op::SendImm,
@@ -58,6 +61,7 @@ impl Op {
     pub fn name(self) -> &'static str {
         match self {
             Op::Write => "write",
+            Op::WriteMw => "write_mw",
             Op::WriteImm => "write_imm",
             Op::Read => "read",
             Op::SendImm => "send_imm",
@@ -181,6 +185,9 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
     let mut eo = EndpointOpts::new(QpType::Rc, buf_len);
     eo.send_wr = 2 * MAX_ITERS;
     eo.recv_wr = 2 * MAX_ITERS;
+    if o.op == Op::WriteMw {
+        eo.access |= AccessFlags::MW_BIND;
+    }
     let e = Endpoint::new(dev.clone(), &eo).map_err(|x| x.to_string())?;
     // SEND_WITH_INV invalidates a key the receive does not use: a type 2 window over a
     // second region (only windows can be invalidated, as in rxe), bound once connected.
@@ -285,9 +292,10 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
             fail = Some(format!("target: {}", rest.get(2..).unwrap_or("")));
         }
     } else {
-        let inv = match inv_mr {
-            Some(m) => bind_window(&e, &m, o.wait)?,
-            None => 0,
+        let inv = match (inv_mr, o.op) {
+            (Some(m), _) => bind_window(&e, &m, o.wait)?,
+            (None, Op::WriteMw) => bind_window(&e, &e.mr, o.wait)?,
+            _ => 0,
         };
         if o.rnr_delay.is_zero() {
             post_receives(&e, &o)?;
@@ -363,11 +371,16 @@ fn requester(
         let remote = raddr + off as u64;
         let sg = [e.sge(off, size)];
         let wr = match o.op {
-            Op::Write | Op::WriteImm => {
+            Op::Write | Op::WriteImm | Op::WriteMw => {
                 e.mem
                     .write(off, &region(o, i))
                     .map_err(|x| format!("{x:?}"))?;
-                let w = SendWr::write(u64::from(i), &sg, remote, rkey);
+                // Through the window, the key the target sent with GO.
+                let key = match (o.op, o.bad_rkey) {
+                    (Op::WriteMw, false) => inv,
+                    _ => rkey,
+                };
+                let w = SendWr::write(u64::from(i), &sg, remote, key);
                 if o.op == Op::WriteImm {
                     w.with_imm(0x1000 + i)
                 } else {

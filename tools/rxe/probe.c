@@ -38,8 +38,9 @@
 #define MSG_LEN 64
 #define MAX_ITERS 64
 
-enum op { OP_WRITE, OP_WRITE_IMM, OP_READ, OP_SEND_IMM, OP_SEND_INV, OP_CAS, OP_FAA };
-static const char *op_names[] = {"write", "write_imm", "read", "send_imm", "send_inv", "cas", "faa"};
+enum op { OP_WRITE, OP_WRITE_IMM, OP_READ, OP_SEND_IMM, OP_SEND_INV, OP_CAS, OP_FAA, OP_WRITE_MW };
+static const char *op_names[] = {"write", "write_imm", "read", "send_imm", "send_inv", "cas", "faa",
+				 "write_mw"};
 
 static struct {
 	const char *dev, *host, *op_name;
@@ -299,11 +300,13 @@ static const char *run_requester(const struct remote *r, uint32_t inv_rkey)
 		switch (o.op) {
 		case OP_WRITE:
 		case OP_WRITE_IMM:
+		case OP_WRITE_MW:
 			fill(i, loc);
-			wr.opcode = o.op == OP_WRITE ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_WRITE_WITH_IMM;
+			wr.opcode = o.op == OP_WRITE_IMM ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
 			wr.imm_data = htonl(0x1000 + i);
 			wr.wr.rdma.remote_addr = raddr;
-			wr.wr.rdma.rkey = rkey;
+			/* write_mw: through the target's window, whose key came with GO. */
+			wr.wr.rdma.rkey = o.op == OP_WRITE_MW && !o.bad_rkey ? inv_rkey : rkey;
 			break;
 		case OP_READ:
 			memset(loc, 0, o.size);
@@ -383,9 +386,10 @@ static uint32_t target_prepare(void)
 		uint64_t v = seed64(o.seed);
 		memcpy(buf, &v, 8);
 	}
-	if (o.op == OP_SEND_INV) {
+	if (o.op == OP_SEND_INV || o.op == OP_WRITE_MW) {
 		/* rxe invalidates only fast-registration MRs and memory windows: bind a type 2
-		 * window over the buffer and hand out its rkey. */
+		 * window over the buffer and hand out its rkey (send_inv invalidates it,
+		 * write_mw writes through it). */
 		mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
 		if (!mw)
 			die("ibv_alloc_mw: %s", strerror(errno));
@@ -395,7 +399,7 @@ static uint32_t target_prepare(void)
 		wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
 		wr.bind_mw.bind_info.mr = mr;
 		wr.bind_mw.bind_info.addr = (uintptr_t)buf;
-		wr.bind_mw.bind_info.length = 4096;
+		wr.bind_mw.bind_info.length = o.op == OP_WRITE_MW ? (uint64_t)o.size * o.iters : 4096;
 		wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
 		post_send(&wr);
 		struct ibv_wc wc = next_wc();
@@ -460,6 +464,7 @@ static void target_check_memory(void)
 	switch (o.op) {
 	case OP_WRITE:
 	case OP_WRITE_IMM:
+	case OP_WRITE_MW:
 	case OP_SEND_IMM:
 	case OP_SEND_INV:
 	case OP_READ: /* the READ source must be unchanged */
@@ -490,7 +495,7 @@ static void target_check_memory(void)
 static void usage(void)
 {
 	printf("usage: roce-probe [-d dev] [-g gid_idx] [-p port] [-m mtu_enum] [-t timeout]\n"
-	       "       --role req|tgt --op write|write_imm|read|send_imm|send_inv|cas|faa\n"
+	       "       --role req|tgt --op write|write_imm|write_mw|read|send_imm|send_inv|cas|faa\n"
 	       "       [-s size] [-n iters] [-S seed] [--bad-rkey] [--rnr-delay MS] [-w secs] [host]\n");
 }
 
