@@ -1,5 +1,6 @@
-//! The engine allocates nothing per packet once warm: 1 KiB WRITE packets and 64-byte
-//! SENDs through two engines and the simulated link, under a counting allocator.
+//! The engine allocates nothing per packet once warm: 1 KiB WRITE packets, 64-byte SENDs
+//! and WRITE_WITH_IMMs (each consuming a receive) through two engines and the simulated
+//! link, under a counting allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -44,6 +45,7 @@ fn steady_state_allocates_nothing_per_packet() {
     for _ in 0..3 {
         run(&mut w, 64, 65536, false);
         run(&mut w, 1024, 64, true);
+        run_write_imm(&mut w, 1024, 256);
     }
     let before = ALLOCS.load(Ordering::Relaxed);
     ON.with(|c| c.set(true));
@@ -51,6 +53,7 @@ fn steady_state_allocates_nothing_per_packet() {
     for _ in 0..5 {
         pkts += run(&mut w, 64, 65536, false);
         pkts += run(&mut w, 1024, 64, true);
+        pkts += run_write_imm(&mut w, 1024, 256);
     }
     ON.with(|c| c.set(false));
     let n = ALLOCS.load(Ordering::Relaxed) - before;

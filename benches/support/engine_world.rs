@@ -151,3 +151,38 @@ fn run(w: &mut World, msgs: usize, len: usize, send: bool) -> u64 {
     });
     w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
 }
+
+/// Moves `msgs` WRITE_WITH_IMM messages of `len` bytes, each consuming a posted receive
+/// (the no-allocation test runs it; the bench does not).
+#[allow(dead_code)]
+fn run_write_imm(w: &mut World, msgs: usize, len: usize) -> u64 {
+    let before = w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts;
+    let src = Sge {
+        addr: w.mra.addr,
+        length: len as u32,
+        lkey: w.mra.lkey,
+    };
+    for i in 0..msgs {
+        w.s.b.post_recv(w.qb, &RecvWr::new(i as u64, &[])).unwrap();
+        let wr = SendWr::write(i as u64, &[src], w.mrb.addr, w.mrb.rkey).with_imm(i as u32);
+        let wr = if i % 16 == 15 || i + 1 == msgs {
+            wr
+        } else {
+            wr.with_flags(SendFlags::EMPTY)
+        };
+        w.s.a.post_send(w.qa, &wr).unwrap();
+    }
+    let (cqa, cqb) = (w.cqa, w.cqb);
+    let want = msgs.div_ceil(16);
+    let (mut got, mut recvd) = (0, 0);
+    w.s.run_until(Time::MAX, u64::MAX, |a, b| {
+        while a.poll_cq_one(cqa).is_some() {
+            got += 1;
+        }
+        while b.poll_cq_one(cqb).is_some() {
+            recvd += 1;
+        }
+        got >= want && recvd >= msgs
+    });
+    w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
+}

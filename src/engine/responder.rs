@@ -122,6 +122,8 @@ pub(crate) struct Responder {
     /// UC: drop packets until the next FIRST/ONLY.
     drop_msg: bool,
     pub rq: VecDeque<Box<RecvWqe>>,
+    /// Set by the responder's own fatal NAK, for the flush that follows it.
+    nak_ends_queue: bool,
     out: VecDeque<Out>,
     res: Vec<Option<Resource>>,
     res_next: usize,
@@ -171,6 +173,7 @@ impl Responder {
         if let InProgress::Send { wqe, .. } = std::mem::take(&mut self.cur) {
             let wc = Qp::flush_wc(qpn, wqe.wr_id, WcOpcode::Recv);
             ctx.post_cqe(cq, wc, false);
+            ctx.recv_wqes.give(wqe);
         }
         while let Some(w) = self.rq.pop_front() {
             self.done += 1;
@@ -178,9 +181,7 @@ impl Responder {
             ctx.post_cqe(cq, wc, false);
             ctx.recv_wqes.give(w);
         }
-        let nak_last =
-            matches!(self.out.back(), Some(Out::Ack { syndrome, .. }) if !syndrome.is_ack());
-        if !nak_last {
+        if !std::mem::take(&mut self.nak_ends_queue) {
             self.out.retain(|o| !matches!(o, Out::Read(_)));
         }
         if srq.is_some() {
@@ -253,6 +254,7 @@ impl Qp {
             Some(_) => {
                 let wc = Wc::new(self.qpn, w.wr_id, WcOpcode::Recv, WcStatus::RemInvReqErr);
                 ctx.post_cqe(self.recv_cq, wc, false);
+                ctx.recv_wqes.give(w);
             }
             None => {
                 self.resp.done -= 1;
@@ -516,6 +518,7 @@ impl Qp {
             wc.byte_len = total;
             wc.wc_flags = WcFlags::WITH_IMM;
             wc.imm_data = imm;
+            ctx.recv_wqes.give(wqe);
             self.complete_recv(ctx, now, wc, r.bth().solicited());
         }
         Ok(())
@@ -643,8 +646,11 @@ impl Qp {
         if let InProgress::Send { wqe, off } = std::mem::take(&mut self.resp.cur) {
             let mut wc = Wc::new(self.qpn, wqe.wr_id, WcOpcode::Recv, status);
             wc.byte_len = off as u32;
+            ctx.recv_wqes.give(wqe);
             self.complete_recv(ctx, now, wc, false);
         }
+        // The NAK ends the queue: what was queued before it still goes out (see `flush`).
+        self.resp.nak_ends_queue = true;
         self.fatal(ctx, now, false);
     }
 
@@ -856,6 +862,7 @@ impl Qp {
                 }
             }
         }
+        ctx.recv_wqes.give(wqe);
         self.complete_recv(ctx, now, wc, r.bth().solicited());
     }
 
