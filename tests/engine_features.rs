@@ -298,7 +298,7 @@ fn a_type_2_window_opens_its_range_until_send_with_invalidate_closes_it() {
 }
 
 #[test]
-fn a_window_checks_range_and_access_and_opens_to_its_qp_only() {
+fn a_window_checks_its_range_and_opens_to_its_qp_only() {
     let (mut a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 8);
     let mr = b.reg_mr(sb.pd, &sb.mem, 0, 16384, WINDOWED).unwrap();
     // A second connection, to a QP of the same PD on B.
@@ -352,8 +352,10 @@ fn a_window_checks_range_and_access_and_opens_to_its_qp_only() {
         &SendWr::read(3, &[sge(&sa, 0, 65)], mr.addr + 8128, wkey),
     )
     .unwrap();
+    sb.mem.fill(8128, 64, 0x3c).unwrap();
     let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
     assert_eq!(wa[0].status, WcStatus::Success);
+    assert!(sa.mem.to_vec(0, 64).unwrap().iter().all(|&x| x == 0x3c));
     assert_eq!(wa[1].status, WcStatus::RemAccessErr);
 }
 
@@ -376,6 +378,9 @@ fn binds_are_checked_and_regions_cannot_be_invalidated() {
     let (mut s, _, sb, mr, _) = fresh(22);
     let (wc, _) = bind(&mut s, &sb, &mr, 0, 64, AccessFlags::LOCAL_WRITE);
     assert_eq!(wc.status, WcStatus::MwBindErr, "a local access flag");
+    let (mut s, _, sb, mr, _) = fresh(27);
+    let (wc, _) = bind(&mut s, &sb, &mr, 0, 0, AccessFlags::REMOTE_READ);
+    assert_eq!(wc.status, WcStatus::MwBindErr, "length 0 (o10-37.2.40)");
     // A bound window is invalidated before it is bound again.
     let (mut s, _, sb, mr, _) = fresh(23);
     let mw = s.b.alloc_mw(sb.pd).unwrap();
@@ -419,6 +424,43 @@ fn binds_are_checked_and_regions_cannot_be_invalidated() {
     let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
     assert_eq!(wa[0].status, WcStatus::RemInvReqErr);
     assert_eq!(wb[0].status, WcStatus::RemInvReqErr);
+    // Both QPs are in ERR now; connected again, the region's key still opens it.
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    s.a.modify_qp(sa.qpn, &reset, QpAttrMask::STATE).unwrap();
+    s.b.modify_qp(sb.qpn, &reset, QpAttrMask::STATE).unwrap();
+    connect(
+        &mut s.a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        30,
+        40,
+        |_| {},
+    );
+    connect(
+        &mut s.b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        40,
+        30,
+        |_| {},
+    );
+    let _ = drain(&mut s, sa.cq, sb.cq, 1);
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(2, &[sge(&sa, 0, 8)], plain.addr, plain.rkey),
+    )
+    .unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa[0].status, WcStatus::Success);
     // LOCAL_INV of a region fails too (LOC_QP_OP_ERR, as rxe), of a window it works.
     let (a, b, sa, _) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 26);
     let mut s = sim(b, a, clean(), clean(), 26);

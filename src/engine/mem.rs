@@ -132,28 +132,6 @@ impl MrTable {
         Ok(rkey)
     }
 
-    /// The same window another engine of the device allocated (see `register_replica`).
-    pub fn alloc_window_replica(&mut self, rkey: u32, pd: u32) -> Result<(), Error> {
-        let idx = (rkey >> 8) as usize;
-        if idx == 0 || idx >= 1 << 24 {
-            return Err(Error::InvalidMr("a replica window key of index 0"));
-        }
-        while self.slots.len() <= idx {
-            self.slots.push(None);
-            self.last_byte.push((0, 0));
-        }
-        if self.slots[idx].is_some() {
-            return Err(Error::InvalidMr(
-                "the replica's slot is taken: shards out of step",
-            ));
-        }
-        self.free.retain(|&i| i != idx);
-        self.last_byte[idx].1 = rkey as u8;
-        self.slots[idx] = Some(Arc::new(MrInner::unbound_window(rkey, pd)));
-        self.windows += 1;
-        Ok(())
-    }
-
     /// `ibv_dealloc_mw` of the window with handle `mw` (`rkey >> 8`); returns its PD.
     pub fn dealloc_window(&mut self, mw: u32) -> Result<u32, Error> {
         let idx = mw as usize;
@@ -177,8 +155,10 @@ impl MrTable {
     /// `b.addr` of the region of `b.lkey`, opened to peers with `b.access` under the new
     /// R_Key `b.rkey`. The checks of IBA 10.6.7.2 as rxe makes them (`rxe_check_bind_mw`):
     /// the window unbound (a type 2 window is invalidated before it is bound again), the
-    /// new key of the window's index, the region valid, of the PD and with MW_BIND, the
-    /// range inside it, and remote write or atomic only over LOCAL_WRITE.
+    /// new key of the window's index, a length above 0, the region valid, of the PD and
+    /// with MW_BIND, the range inside it, and remote write or atomic only over LOCAL_WRITE.
+    /// A bound window holds the region under it: deregistering the region invalidates the
+    /// window, but its memory stays allocated until the window is bound again or freed.
     pub fn bind_window(&mut self, pd: u32, qpn: u32, b: &MwBind) -> Result<(), &'static str> {
         let idx = b.mw as usize;
         let Some(Some(w)) = self.slots.get(idx) else {
@@ -192,6 +172,10 @@ impl MrTable {
         }
         if (b.rkey >> 8) as usize != idx {
             return Err("the new R_Key is not of the window's index");
+        }
+        // o10-37.2.40: a type 2 window is not bound to nothing (rxe refuses it too).
+        if b.length == 0 {
+            return Err("a type 2 window cannot be bound with length 0");
         }
         let mr = self
             .lookup(b.lkey, false, pd)

@@ -394,16 +394,6 @@ impl Engine {
         })
     }
 
-    /// The window another engine of the same device allocated (see `reg_mr_replica`).
-    pub fn alloc_mw_replica(&mut self, mw: &Mw) -> Result<(), Error> {
-        self.ctx.pds.get(mw.pd).ok_or(Error::NoSuch {
-            kind: "PD",
-            handle: mw.pd,
-        })?;
-        self.ctx.mrs.alloc_window_replica(mw.rkey, mw.pd)?;
-        self.pd_use(mw.pd, 1)
-    }
-
     /// `ibv_dealloc_mw`: later packets with its key are refused (remote access NAK).
     pub fn dealloc_mw(&mut self, handle: u32) -> Result<(), Error> {
         let pd = self.ctx.mrs.dealloc_window(handle)?;

@@ -23,7 +23,7 @@
 //!   moves to the thread whose queue the peer's UDP source port selects (`port %
 //!   threads`), as RSS would: two such devices line up queue for queue. A frame that
 //!   arrives on another thread's queue is handed over through a pool of buffers
-//!   (counted as `forwarded`). UD QPs stay on thread 0; SRQs need one thread.
+//!   (counted as `forwarded`). UD QPs stay on thread 0; SRQs and memory windows need one thread.
 
 mod worker;
 
@@ -543,12 +543,17 @@ impl Device {
 
     /// `ibv_alloc_mw(pd, IBV_MW_TYPE_2)`; bind it with a BIND_MW work request
     /// ([`SendWr::bind_mw`](crate::verbs::SendWr::bind_mw)) on the QP that will use it.
+    ///
+    /// One engine thread only: a bind runs in the table of the thread that owns the QP,
+    /// and a QP may move between threads when it connects, so with several threads the
+    /// copies of a window would disagree (as with SRQs, refused rather than wrong).
     pub fn alloc_mw(&self, pd: u32) -> Result<Mw, RuntimeError> {
-        let mw = self.verbs(move |l| l.engine.alloc_mw(pd))?;
-        for k in 1..self.threads() {
-            self.call_on(k, move |l| l.engine.alloc_mw_replica(&mw))??;
+        if self.threads() > 1 {
+            return Err(RuntimeError::Setup(
+                "memory windows need a device with one engine thread (threads = 1)".into(),
+            ));
         }
-        Ok(mw)
+        self.verbs(move |l| l.engine.alloc_mw(pd))
     }
 
     /// `ibv_dealloc_mw`.
