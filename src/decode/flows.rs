@@ -8,7 +8,7 @@
 //! PSN (ACKs and READ responses carry PSNs of requests). A pairing, once found, is kept.
 //!
 //! A request whose PSN lies inside the window already seen in its flow, i.e. from the
-//! flow's first PSN up to its highest (requests and responses both advance it, so a READ
+//! flow's first PSN (at most 2^22 back) up to its highest (requests and responses both advance it, so a READ
 //! re-requested from its middle is caught too), is a retransmission. A PSN before the
 //! window, or more than [`NEW_CONNECTION_GAP`] past it, starts a new connection reusing
 //! the QP numbers (every rxe or roce-xdp process numbers its first QP 0x11, and each
@@ -32,11 +32,14 @@ pub struct FlowKey {
     pub conn: u32,
 }
 
-/// A request more than this past the furthest PSN its flow could use next is taken as a
-/// new connection's first. Requests follow each other without gaps (a READ reserves the
-/// PSNs of its responses, counted at the smallest MTU), and a capture taken behind a lossy
-/// link misses at most a send window (128 PSNs for rxe and roce-xdp); a random start PSN
-/// falls this close to an old connection's PSNs once in several thousand.
+/// A request more than this before its flow's window, or past the furthest PSN the flow
+/// could use next, is taken as a new connection's first. Requests follow each other
+/// without gaps (a READ reserves the PSNs of its responses, counted at the smallest
+/// MTU), and a retransmission, or a capture taken behind a lossy link, reaches back or
+/// skips at most a send window (128 PSNs for rxe and roce-xdp). A new connection's random
+/// start PSN is missed only when it falls inside the old connection's PSNs or within this
+/// of them: for short connections (the tools' tests) once in several thousand, more often
+/// after long ones or large READs.
 pub const NEW_CONNECTION_GAP: u32 = 1024;
 
 /// What is known about one flow.
@@ -76,10 +79,19 @@ pub struct Tracker {
     conns: HashMap<FlowKey, u32>,
 }
 
+/// Widest window kept: PSN comparisons hold within half the 2^24 space, so a long
+/// connection's window slides forward instead of growing past it.
+const MAX_WINDOW: u32 = 1 << 22;
+
 fn widen(window: &mut Option<(Psn, Psn)>, psn: Psn) {
     match window {
         None => *window = Some((psn, psn)),
-        Some((_, hi)) if psn.is_after(*hi) => *hi = psn,
+        Some((lo, hi)) if psn.is_after(*hi) => {
+            *hi = psn;
+            if psn.forward_from(*lo) > MAX_WINDOW {
+                *lo = psn.sub(MAX_WINDOW);
+            }
+        }
         _ => {}
     }
 }
@@ -130,7 +142,10 @@ impl Tracker {
                     .get(&key)
                     .is_some_and(|s| match (s.window, s.reach) {
                         (Some((lo, _)), Some(reach)) => {
-                            psn.is_before(lo)
+                            // Far before the window (a retransmission reaches back at
+                            // most a send window, even in a capture that starts
+                            // mid-connection), or far past what the flow could send next.
+                            (psn.is_before(lo) && lo.forward_from(psn) > NEW_CONNECTION_GAP)
                                 || (psn.is_after(reach)
                                     && psn.forward_from(reach) > NEW_CONNECTION_GAP)
                         }
@@ -325,8 +340,13 @@ mod tests {
             1,
             "the ACK pairs with the new connection"
         );
-        let o = feed(&mut t, frame(A, B, 0x11, 0x50, false));
+        let o = feed(&mut t, frame(A, B, 0x11, 0x40_0000, false));
         assert!(!o.retransmission);
+        assert_eq!(o.flow.unwrap().conn, 2);
+        // Just before a window is a retransmission reaching back, not a new connection
+        // (a capture that starts mid-connection).
+        let o = feed(&mut t, frame(A, B, 0x11, 0x40_0000 - 100, false));
+        assert!(o.retransmission);
         assert_eq!(o.flow.unwrap().conn, 2);
         assert_eq!(t.flows.len(), 3);
         let first = t.flows.values().find(|s| s.first_frame == 1).unwrap();
