@@ -2,8 +2,9 @@
 //! compute it) but arbitrary opcodes, PSNs, keys, addresses, lengths, syndromes and
 //! payloads, aimed at a live RC QP that has requests of its own outstanding. The engine
 //! must not panic (tests build with overflow checks), must not touch memory no key
-//! grants (a read-only region, a deregistered one, an unregistered one), and must still
-//! work for a fresh connection afterwards.
+//! grants (a read-only region, a deregistered one, the bytes around a region, a region
+//! opened only through a read-only window), and must still work for a fresh connection
+//! afterwards.
 
 mod common;
 use common::*;
@@ -49,7 +50,7 @@ fn arb_evil() -> impl Strategy<Value = Evil> {
         ],
         (0u8..4, -8i32..160, any::<u32>()),
         (proptest::bool::weighted(0.95), any::<u32>()),
-        (0u8..6, any::<u32>()),
+        (0u8..7, any::<u32>()),
         (0u8..4, -4096i64..80_000, any::<u64>()),
         (0u8..4, 0u32..70_000, any::<u32>()),
         (0usize..1100, any::<u8>(), any::<bool>(), any::<u8>()),
@@ -79,8 +80,9 @@ struct Target {
     qpn: u32,
     epsn: u32,
     /// Keys and the first IOVA of what they open: the main region (all access), the
-    /// read-only one, the deregistered one, the read-only window.
-    keys: [(u32, u64); 4],
+    /// read-only one, the deregistered one, the read-only window, and a region in the
+    /// middle of a larger memory.
+    keys: [(u32, u64); 5],
 }
 
 fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
@@ -92,8 +94,8 @@ fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
         _ => e.psn.2 & 0xff_ffff,
     };
     let (rkey, base) = match e.key.0 {
-        k @ 0..4 => t.keys[usize::from(k)],
-        4 => (t.keys[0].0 ^ 0x100, t.keys[0].1),
+        k @ 0..5 => t.keys[usize::from(k)],
+        5 => (t.keys[0].0 ^ 0x100, t.keys[0].1),
         _ => (e.key.1, t.keys[0].1),
     };
     let va = match e.va.0 {
@@ -193,16 +195,17 @@ proptest! {
     ) {
         let (psn_a, psn_b) = (0xff_ff00, 0x10);
         let (mut a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, psn_a, psn_b, seed);
-        // Regions no hostile frame may change: read-only, deregistered, unregistered,
-        // and one opened only through a read-only memory window (its own R_Key is never
-        // shown to the peer).
+        // Memory no hostile frame may change: read-only, deregistered, the 4 KiB on each
+        // side of a region registered in the middle of a 12 KiB memory, and a region
+        // opened only through a read-only memory window (its own R_Key is never shown).
         let ro = Memory::new(8192);
         let dead = Memory::new(8192);
-        let plain = Memory::new(8192);
+        let edge = Memory::new(12288);
         let windowed = Memory::new(8192);
-        for (m, s) in [(&ro, 1u8), (&dead, 2), (&plain, 3), (&windowed, 4)] {
+        for (m, s) in [(&ro, 1u8), (&dead, 2), (&edge, 3), (&windowed, 4)] {
             pattern(m, s);
         }
+        let edge_mr = b.reg_mr(sb.pd, &edge, 4096, 4096, ALL_ACCESS).unwrap();
         let ro_mr = b
             .reg_mr(sb.pd, &ro, 0, 8192, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
             .unwrap();
@@ -245,6 +248,7 @@ proptest! {
                 (ro_mr.rkey, ro_mr.addr),
                 (dead_mr.rkey, dead_mr.addr),
                 (bind.rkey, bind.addr),
+                (edge_mr.rkey, edge_mr.addr),
             ],
         };
         let mut buf = vec![0u8; 9000];
@@ -270,7 +274,12 @@ proptest! {
         }
         prop_assert!(unchanged(&ro, 1), "a READ-only region was written");
         prop_assert!(unchanged(&dead, 2), "a deregistered region was written");
-        prop_assert!(unchanged(&plain, 3), "unregistered memory was written");
+        let around = edge.to_vec(0, 12288).unwrap();
+        let want: Vec<u8> = (0..12288).map(|i| (i as u8).wrapping_mul(31) ^ 3).collect();
+        prop_assert!(
+            around[..4096] == want[..4096] && around[8192..] == want[8192..],
+            "a byte next to a region was written"
+        );
         prop_assert!(unchanged(&windowed, 4), "a read-only window let a write through");
         // Every frame was looked at: accepted for processing or dropped with a reason.
         prop_assert!(b.counters().rcvd_pkts + b.counters().drops() >= evil.len() as u64);

@@ -493,7 +493,6 @@ fn post_receives(e: &Endpoint, o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-/// The receive completions the requester's operations produce.
 /// Binds a new type 2 window over all of `mr` through the endpoint's QP; its R_Key.
 fn bind_window(e: &Endpoint, mr: &MrInfo, wait: Duration) -> Result<u32, String> {
     let mw = e.dev.alloc_mw(e.pd).map_err(|x| x.to_string())?;
@@ -514,6 +513,7 @@ fn bind_window(e: &Endpoint, mr: &MrInfo, wait: Duration) -> Result<u32, String>
     Ok(b.rkey)
 }
 
+/// The receive completions the requester's operations produce.
 fn target_receives(e: &Endpoint, o: &Opts, inv: u32) -> Result<(), String> {
     if matches!(o.op, Op::SendImm | Op::SendInv | Op::WriteImm) {
         for i in 0..o.iters {
