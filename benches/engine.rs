@@ -15,19 +15,19 @@ include!("support/engine_world.rs");
 
 fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("engine");
-    for (name, msgs, len, send) in [
-        ("write_1k_packets", 64usize, 64 * 1024usize, false),
-        ("send_64b", 4096, 64, true),
+    for (name, msgs, len, kind) in [
+        ("write_1k_packets", 64usize, 64 * 1024usize, Kind::Write),
+        ("send_64b", 4096, 64, Kind::Send),
     ] {
         let mut w = world();
-        let pkts_per_iter = run(&mut w, msgs, len, send);
+        let pkts_per_iter = run(&mut w, msgs, len, kind);
         g.throughput(Throughput::Elements(pkts_per_iter));
         g.bench_function(BenchmarkId::new(name, pkts_per_iter), |b| {
             b.iter_custom(|iters| {
                 let t = Instant::now();
                 let mut pkts = 0;
                 for _ in 0..iters {
-                    pkts += run(&mut w, msgs, len, send);
+                    pkts += run(&mut w, msgs, len, kind);
                 }
                 let d = t.elapsed();
                 let mut r = RESULTS.lock().unwrap();

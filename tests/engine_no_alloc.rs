@@ -43,17 +43,17 @@ fn steady_state_allocates_nothing_per_packet() {
     let mut w = world();
     // Warm up: queues, pools and the timer heap reach their working size.
     for _ in 0..3 {
-        run(&mut w, 64, 65536, false);
-        run(&mut w, 1024, 64, true);
-        run_write_imm(&mut w, 1024, 256);
+        run(&mut w, 64, 65536, Kind::Write);
+        run(&mut w, 1024, 64, Kind::Send);
+        run(&mut w, 1024, 256, Kind::WriteImm);
     }
     let before = ALLOCS.load(Ordering::Relaxed);
     ON.with(|c| c.set(true));
     let mut pkts = 0;
     for _ in 0..5 {
-        pkts += run(&mut w, 64, 65536, false);
-        pkts += run(&mut w, 1024, 64, true);
-        pkts += run_write_imm(&mut w, 1024, 256);
+        pkts += run(&mut w, 64, 65536, Kind::Write);
+        pkts += run(&mut w, 1024, 64, Kind::Send);
+        pkts += run(&mut w, 1024, 256, Kind::WriteImm);
     }
     ON.with(|c| c.set(false));
     let n = ALLOCS.load(Ordering::Relaxed) - before;

@@ -105,9 +105,19 @@ fn world() -> World {
     }
 }
 
-/// Moves `msgs` messages of `len` bytes (WRITE, or SEND into posted receives), returns
-/// the packets both engines sent.
-fn run(w: &mut World, msgs: usize, len: usize, send: bool) -> u64 {
+/// What `run` moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // WriteImm: the no-allocation test runs it, the bench does not.
+enum Kind {
+    Write,
+    /// SENDs into posted receives.
+    Send,
+    /// WRITE_WITH_IMMs, each consuming a posted receive.
+    WriteImm,
+}
+
+/// Moves `msgs` messages of `len` bytes of `kind`; returns the packets both engines sent.
+fn run(w: &mut World, msgs: usize, len: usize, kind: Kind) -> u64 {
     let before = w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts;
     let src = Sge {
         addr: w.mra.addr,
@@ -120,13 +130,17 @@ fn run(w: &mut World, msgs: usize, len: usize, send: bool) -> u64 {
         lkey: w.mrb.lkey,
     };
     for i in 0..msgs {
-        let wr = if send {
-            w.s.b
-                .post_recv(w.qb, &RecvWr::new(i as u64, &[dst]))
-                .unwrap();
-            SendWr::send(i as u64, &[src])
-        } else {
-            SendWr::write(i as u64, &[src], w.mrb.addr, w.mrb.rkey)
+        let id = i as u64;
+        let wr = match kind {
+            Kind::Write => SendWr::write(id, &[src], w.mrb.addr, w.mrb.rkey),
+            Kind::Send => {
+                w.s.b.post_recv(w.qb, &RecvWr::new(id, &[dst])).unwrap();
+                SendWr::send(id, &[src])
+            }
+            Kind::WriteImm => {
+                w.s.b.post_recv(w.qb, &RecvWr::new(id, &[])).unwrap();
+                SendWr::write(id, &[src], w.mrb.addr, w.mrb.rkey).with_imm(i as u32)
+            }
         };
         // Signal one in 16, as bandwidth tools do.
         let wr = if i % 16 == 15 || i + 1 == msgs {
@@ -138,42 +152,7 @@ fn run(w: &mut World, msgs: usize, len: usize, send: bool) -> u64 {
     }
     let (cqa, cqb) = (w.cqa, w.cqb);
     let want = msgs.div_ceil(16);
-    let mut got = 0;
-    let mut recvd = 0;
-    w.s.run_until(Time::MAX, u64::MAX, |a, b| {
-        while a.poll_cq_one(cqa).is_some() {
-            got += 1;
-        }
-        while b.poll_cq_one(cqb).is_some() {
-            recvd += 1;
-        }
-        got >= want && (!send || recvd >= msgs)
-    });
-    w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
-}
-
-/// Moves `msgs` WRITE_WITH_IMM messages of `len` bytes, each consuming a posted receive
-/// (the no-allocation test runs it; the bench does not).
-#[allow(dead_code)]
-fn run_write_imm(w: &mut World, msgs: usize, len: usize) -> u64 {
-    let before = w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts;
-    let src = Sge {
-        addr: w.mra.addr,
-        length: len as u32,
-        lkey: w.mra.lkey,
-    };
-    for i in 0..msgs {
-        w.s.b.post_recv(w.qb, &RecvWr::new(i as u64, &[])).unwrap();
-        let wr = SendWr::write(i as u64, &[src], w.mrb.addr, w.mrb.rkey).with_imm(i as u32);
-        let wr = if i % 16 == 15 || i + 1 == msgs {
-            wr
-        } else {
-            wr.with_flags(SendFlags::EMPTY)
-        };
-        w.s.a.post_send(w.qa, &wr).unwrap();
-    }
-    let (cqa, cqb) = (w.cqa, w.cqb);
-    let want = msgs.div_ceil(16);
+    let recvs = if kind == Kind::Write { 0 } else { msgs };
     let (mut got, mut recvd) = (0, 0);
     w.s.run_until(Time::MAX, u64::MAX, |a, b| {
         while a.poll_cq_one(cqa).is_some() {
@@ -182,7 +161,7 @@ fn run_write_imm(w: &mut World, msgs: usize, len: usize) -> u64 {
         while b.poll_cq_one(cqb).is_some() {
             recvd += 1;
         }
-        got >= want && recvd >= msgs
+        got >= want && recvd >= recvs
     });
     w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
 }
