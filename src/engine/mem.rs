@@ -137,12 +137,8 @@ impl MrTable {
         let idx = mw as usize;
         match self.slots.get(idx) {
             Some(Some(w)) if w.window.is_some() => {
-                w.valid.store(false, std::sync::atomic::Ordering::Release);
-                let pd = w.info.pd;
-                self.slots[idx] = None;
-                self.free.push(idx);
                 self.windows -= 1;
-                Ok(pd)
+                Ok(self.release(idx))
             }
             _ => Err(Error::NoSuch {
                 kind: "memory window",
@@ -254,18 +250,23 @@ impl MrTable {
         let idx = (lkey >> 8) as usize;
         match self.slots.get(idx) {
             Some(Some(mr)) if mr.info.lkey == lkey => {
-                mr.invalidate();
-                let pd = mr.info.pd;
-                self.slots[idx] = None;
-                self.free.push(idx);
                 self.count -= 1;
-                Ok(pd)
+                Ok(self.release(idx))
             }
             _ => Err(Error::NoSuch {
                 kind: "memory region with lkey",
                 handle: lkey,
             }),
         }
+    }
+
+    /// Empties slot `idx` (a region or window): its keys stop working at once, and what an
+    /// operation in flight holds stays allocated until it drops it. Returns its PD.
+    fn release(&mut self, idx: usize) -> u32 {
+        let e = self.slots[idx].take().unwrap_or_else(|| unreachable!());
+        e.invalidate();
+        self.free.push(idx);
+        e.info.pd
     }
 
     /// The region of a key (`remote` picks the rkey or the lkey), valid and of PD `pd`.
