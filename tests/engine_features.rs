@@ -956,3 +956,42 @@ fn a_read_before_a_violation_still_gets_its_data() {
     assert!(sa.mem.to_vec(0, 3000).unwrap().iter().all(|&x| x == 0x77));
     assert_eq!(wa[1].status, WcStatus::RemAccessErr);
 }
+
+#[test]
+fn a_late_post_recv_on_the_errored_qp_keeps_the_replies_before_the_nak() {
+    // As above, driven by hand so that B's application posts a receive after the
+    // violation sent B's QP to ERR and before B sent anything: that flush must not drop
+    // the reply to the good READ either.
+    let (mut a, mut b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 16, 1, 2, 10);
+    sb.mem.fill(0, 3000, 0x66).unwrap();
+    a.post_send(
+        sa.qpn,
+        &SendWr::read(1, &[sge(&sa, 0, 3000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    a.post_send(
+        sa.qpn,
+        &SendWr::read(
+            2,
+            &[sge(&sa, 4096, 64)],
+            sb.mr.addr + (1 << 16) - 8,
+            sb.mr.rkey,
+        ),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 9000];
+    let t = Time(1000);
+    while let Some(n) = a.poll_transmit(t, &mut buf) {
+        b.handle_frame(t, &buf[..n]);
+    }
+    assert_eq!(b.qp_state(sb.qpn), Some(QpState::Err));
+    b.post_recv(sb.qpn, &RecvWr::new(9, &[sge(&sb, 8192, 64)]))
+        .unwrap();
+    while let Some(n) = b.poll_transmit(t, &mut buf) {
+        a.handle_frame(t, &buf[..n]);
+    }
+    let w1 = a.poll_cq_one(sa.cq).unwrap();
+    assert_eq!(w1.status, WcStatus::Success, "{w1:?}");
+    assert!(sa.mem.to_vec(0, 3000).unwrap().iter().all(|&x| x == 0x66));
+    assert_eq!(a.poll_cq_one(sa.cq).unwrap().status, WcStatus::RemAccessErr);
+}

@@ -5,8 +5,9 @@
 //! was moved several times per message (built, pushed, popped on retire or on receive):
 //! `perf` on the engine bench put those moves at ~40% of the time of 64-byte SENDs.
 //! The queues hold boxes instead, written once in place and handed back here when
-//! retired, so the heap is touched only while the free list grows to the most WQEs
-//! ever outstanding at once (the counting-allocator test checks the steady state).
+//! retired, so in steady state the heap is not touched: only while the free list grows
+//! to the most WQEs ever outstanding at once, and when a QP that is reset or destroyed
+//! drops the WQEs it still holds (the counting-allocator test checks the steady state).
 
 /// What a pooled entry drops before it is reused: references that must not outlive the
 /// work request (memory-region handles), not the plain fields the next user overwrites.

@@ -122,7 +122,8 @@ pub(crate) struct Responder {
     /// UC: drop packets until the next FIRST/ONLY.
     drop_msg: bool,
     pub rq: VecDeque<Box<RecvWqe>>,
-    /// Set by the responder's own fatal NAK, for the flush that follows it.
+    /// Set by the responder's own fatal NAK, until the QP is reset: every flush of the
+    /// QP in ERR (its own, or one a late post_recv causes) keeps what is queued.
     nak_ends_queue: bool,
     out: VecDeque<Out>,
     res: Vec<Option<Resource>>,
@@ -181,7 +182,7 @@ impl Responder {
             ctx.post_cqe(cq, wc, false);
             ctx.recv_wqes.give(w);
         }
-        if !std::mem::take(&mut self.nak_ends_queue) {
+        if !self.nak_ends_queue {
             self.out.retain(|o| !matches!(o, Out::Read(_)));
         }
         if srq.is_some() {
@@ -643,14 +644,15 @@ impl Qp {
             }
         };
         self.resp.queue_ack(psn, Syndrome::Nak(code));
+        // The NAK ends the queue: what was queued before it still goes out (see `flush`).
+        // Set before anything below can send the QP to ERR (a full CQ does).
+        self.resp.nak_ends_queue = true;
         if let InProgress::Send { wqe, off } = std::mem::take(&mut self.resp.cur) {
             let mut wc = Wc::new(self.qpn, wqe.wr_id, WcOpcode::Recv, status);
             wc.byte_len = off as u32;
             ctx.recv_wqes.give(wqe);
             self.complete_recv(ctx, now, wc, false);
         }
-        // The NAK ends the queue: what was queued before it still goes out (see `flush`).
-        self.resp.nak_ends_queue = true;
         self.fatal(ctx, now, false);
     }
 
