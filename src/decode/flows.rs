@@ -9,9 +9,9 @@
 //!
 //! A request whose PSN lies inside the window already seen in its flow, i.e. from the
 //! flow's first PSN (at most 2^22 back) up to its highest (requests and responses both advance it, so a READ
-//! re-requested from its middle is caught too), is a retransmission. A PSN before the
-//! window, or more than [`NEW_CONNECTION_GAP`] past it, starts a new connection reusing
-//! the QP numbers (every rxe or roce-xdp process numbers its first QP 0x11, and each
+//! re-requested from its middle is caught too), is a retransmission. A PSN more than
+//! [`NEW_CONNECTION_GAP`] before the window, or past the furthest PSN the flow could use
+//! next, starts a new connection reusing the QP numbers (every rxe or roce-xdp process numbers its first QP 0x11, and each
 //! connection starts at a random PSN): a flow of its own, numbered by `conn`.
 
 use crate::wire::aeth::Syndrome;
@@ -92,6 +92,8 @@ fn widen(window: &mut Option<(Psn, Psn)>, psn: Psn) {
                 *lo = psn.sub(MAX_WINDOW);
             }
         }
+        // A retransmission from before the first PSN captured: its answers belong here.
+        Some((lo, hi)) if psn.is_before(*lo) && hi.forward_from(psn) <= MAX_WINDOW => *lo = psn,
         _ => {}
     }
 }
@@ -175,7 +177,8 @@ impl Tracker {
             // A READ's responses take one PSN per packet: at most one per 256 bytes.
             let last = match r.reth() {
                 Some(h) if info.operation == crate::wire::Operation::ReadRequest => {
-                    psn.add(h.dma_len().div_ceil(256).saturating_sub(1))
+                    // Bounded, so comparisons with it stay well inside half the space.
+                    psn.add((h.dma_len().div_ceil(256).saturating_sub(1)).min(MAX_WINDOW))
                 }
                 _ => psn,
             };
