@@ -99,9 +99,9 @@ fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
         _ => (e.key.1, t.keys[0].1),
     };
     let va = match e.va.0 {
-        // Inside the first 4 KiB (every region and the window hold that much), around
-        // the region, or anywhere.
-        0 | 1 => base + e.va.1.unsigned_abs() % 4096,
+        // In the first 8 KiB (inside the main region, half past the end of the 4 KiB
+        // ones: their range checks), around the region, or anywhere.
+        0 | 1 => base + e.va.1.unsigned_abs() % 8192,
         2 => base.wrapping_add_signed(e.va.1),
         _ => e.va.2,
     };
