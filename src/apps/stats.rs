@@ -92,6 +92,12 @@ pub fn render(p: &Published, all: bool) -> String {
             }
         }
     }
+    if let Some(u) = j["udp"].as_object() {
+        s.push_str(&format!(
+            "  UDP link: {} IPv4 frames whose ID (hidden by the socket) was solved from the ICRC\n",
+            u["ipv4_ids_solved"]
+        ));
+    }
     if let Some(x) = j["xdp"].as_object() {
         s.push_str(&format!(
             "  XDP program: seen {}, redirected to AF_XDP {}, passed to the kernel {}, dropped {}\n",

@@ -55,6 +55,8 @@ pub struct Stats {
     pub forwarded: u64,
     /// Frames that could not be handed over (no buffer or a full channel).
     pub forward_dropped: u64,
+    /// UDP link: received IPv4 frames whose unseen ID was solved from the ICRC.
+    pub udp_ipv4_ids_solved: Option<u64>,
 }
 
 impl Stats {
@@ -69,6 +71,7 @@ impl Stats {
             t.forward_dropped += s.forward_dropped;
             if k == 0 {
                 t.xdp = s.xdp;
+                t.udp_ipv4_ids_solved = s.udp_ipv4_ids_solved;
                 t.link = s.link.clone();
                 t.uptime = s.uptime;
                 t.final_report = s.final_report;
@@ -99,6 +102,9 @@ impl Stats {
             c.insert(n.into(), v.into());
         }
         m.insert("counters".into(), c.into());
+        if let Some(n) = self.udp_ipv4_ids_solved {
+            m.insert("udp".into(), serde_json::json!({ "ipv4_ids_solved": n }));
+        }
         if let Some(x) = self.xdp {
             m.insert(
                 "xdp".into(),
@@ -125,6 +131,12 @@ impl AnyLink {
         match self {
             AnyLink::Xdp(l) => l.xdp_stats(),
             AnyLink::Udp(_) => None,
+        }
+    }
+    fn udp_ipv4_ids_solved(&self) -> Option<u64> {
+        match self {
+            AnyLink::Xdp(_) => None,
+            AnyLink::Udp(l) => Some(l.rx_ipv4_id_solved),
         }
     }
 }
@@ -568,6 +580,7 @@ fn shard_loop(
             let s = Stats {
                 counters: *l.engine.counters(),
                 xdp: link.xdp_stats(),
+                udp_ipv4_ids_solved: link.udp_ipv4_ids_solved(),
                 link: link_desc.clone(),
                 qps: l.engine.qp_count(),
                 uptime: start.elapsed(),
@@ -613,6 +626,7 @@ fn shard_loop(
     *stats.lock().unwrap_or_else(|e| e.into_inner()) = Stats {
         counters: *l.engine.counters(),
         xdp: link.xdp_stats(),
+        udp_ipv4_ids_solved: link.udp_ipv4_ids_solved(),
         link: link_desc,
         qps: l.engine.qp_count(),
         uptime: start.elapsed(),
