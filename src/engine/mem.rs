@@ -354,20 +354,9 @@ pub struct Segs {
 }
 
 impl Segs {
-    /// Resolves `sges` against the table: each key valid, of PD `pd`, the range inside
-    /// its region, and LOCAL_WRITE granted if the engine will write (`write`).
-    pub fn resolve(
-        mrs: &MrTable,
-        pd: u32,
-        sges: &SgList,
-        write: bool,
-    ) -> Result<Segs, AccessError> {
-        let mut s = Segs::default();
-        s.resolve_into(mrs, pd, sges, write)?;
-        Ok(s)
-    }
-
-    /// [`Segs::resolve`] in place, into a recycled list; on error the list is left empty.
+    /// Resolves `sges` against the table, into this (recycled) list: each key valid, of PD
+    /// `pd`, the range inside its region, and LOCAL_WRITE granted if the engine will write
+    /// (`write`). On error the list is left empty.
     pub fn resolve_into(
         &mut self,
         mrs: &MrTable,
@@ -637,7 +626,8 @@ mod tests {
             },
         ])
         .unwrap();
-        let s = Segs::resolve(&t, 1, &sges, true).unwrap();
+        let mut s = Segs::default();
+        s.resolve_into(&t, 1, &sges, true).unwrap();
         assert_eq!(s.total(), 12);
         s.scatter(3, &[1, 2, 3, 4, 5]).unwrap();
         assert_eq!(mem.to_vec(13, 2).unwrap(), [1, 2]);
@@ -667,10 +657,11 @@ mod tests {
         }])
         .unwrap();
         assert_eq!(
-            Segs::resolve(&t, 1, &sges, true).unwrap_err(),
+            s.resolve_into(&t, 1, &sges, true).unwrap_err(),
             AccessError::Permission
         );
-        let s = Segs::resolve(&t, 1, &sges, false).unwrap();
+        assert_eq!(s.total(), 0, "a refused list is left empty");
+        s.resolve_into(&t, 1, &sges, false).unwrap();
         t.deregister(b.lkey).unwrap();
         assert_eq!(
             s.gather(0, &mut [0u8; 5]).unwrap_err(),
