@@ -59,6 +59,10 @@ pub fn xdp_pair(
     tweak(&mut ca);
     let mut cb = ca.clone();
     cb.netns = Some(nb.to_string());
+    // Each device gets its own capture (a tweak that sets one names A's).
+    if let Some(p) = &ca.pcap {
+        cb.pcap = Some(p.with_extension("b.pcap"));
+    }
     let a = end(Device::open(ca).unwrap(), qp_type, size);
     let b = end(Device::open(cb).unwrap(), qp_type, size);
     join(&a, ip_a, &b, ip_b, timeout);
