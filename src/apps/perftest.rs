@@ -606,7 +606,9 @@ impl Run<'_> {
                     if Instant::now() > deadline || super::interrupted() {
                         return Err(format!("no write {rcnt} from the peer"));
                     }
-                    std::hint::spin_loop();
+                    // Busy polling as perftest does, yielding so that an engine
+                    // thread on the same core can deliver the write.
+                    std::thread::yield_now();
                 }
             }
             if scnt < self.iters {

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
-/// Idle rounds before the thread sleeps.
+/// Idle rounds (each a poll of everything, then `sched_yield`) before the thread sleeps.
 const SPIN_ROUNDS: u32 = 256;
 /// Longest sleep (so a stop is noticed even without a wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
@@ -603,7 +603,10 @@ fn shard_loop(
         }
         idle = idle.saturating_add(1);
         if cfg.busy_poll || idle < SPIN_ROUNDS {
-            std::hint::spin_loop();
+            // Keep polling, but give the core away between rounds: the application
+            // thread that posts the next WR or polls the CQ often shares this core,
+            // and a bare spin would keep it waiting for the end of our time slice.
+            std::thread::yield_now();
             continue;
         }
         // Sleep until a frame, a doorbell or the next timer.
