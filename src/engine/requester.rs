@@ -375,7 +375,7 @@ impl Qp {
                 .resolve_into(&ctx.mrs, self.pd, &wr.sg_list, write_local)
                 .err()
         };
-        w.wr = *wr;
+        w.wr.assign_from(wr);
         w.state = WqeState::Sending;
         w.assigned = false;
         w.first_psn = Psn::default();

@@ -19,8 +19,10 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// A scatter/gather list of at most [`MAX_SGE`] entries.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// A scatter/gather list of at most [`MAX_SGE`] entries. Only the first `len` entries
+/// mean anything (equality looks at those alone), so a recycled list is refilled by
+/// copying just what the new WR uses.
+#[derive(Clone, Copy)]
 pub struct SgList {
     sges: [Sge; MAX_SGE],
     len: u8,
@@ -59,7 +61,20 @@ impl SgList {
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| u64::from(s.length)).sum()
     }
+    /// Becomes a copy of `o`, writing only the entries `o` uses.
+    fn assign(&mut self, o: &SgList) {
+        let n = usize::from(o.len);
+        self.sges[..n].copy_from_slice(&o.sges[..n]);
+        self.len = o.len;
+    }
 }
+
+impl PartialEq for SgList {
+    fn eq(&self, o: &SgList) -> bool {
+        self.as_slice() == o.as_slice()
+    }
+}
+impl Eq for SgList {}
 
 impl std::fmt::Debug for SgList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,8 +82,9 @@ impl std::fmt::Debug for SgList {
     }
 }
 
-/// Data carried inside a send WR (`IBV_SEND_INLINE`).
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Data carried inside a send WR (`IBV_SEND_INLINE`). Only the first `len` bytes mean
+/// anything (equality looks at those alone).
+#[derive(Clone, Copy)]
 pub struct InlineData {
     buf: [u8; MAX_INLINE],
     len: u16,
@@ -90,7 +106,20 @@ impl InlineData {
     pub fn as_slice(&self) -> &[u8] {
         &self.buf[..usize::from(self.len)]
     }
+    /// Becomes a copy of `o`, writing only the bytes `o` uses.
+    fn assign(&mut self, o: &InlineData) {
+        let n = usize::from(o.len);
+        self.buf[..n].copy_from_slice(&o.buf[..n]);
+        self.len = o.len;
+    }
 }
+
+impl PartialEq for InlineData {
+    fn eq(&self, o: &InlineData) -> bool {
+        self.as_slice() == o.as_slice()
+    }
+}
+impl Eq for InlineData {}
 
 impl std::fmt::Debug for InlineData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -166,6 +195,43 @@ pub struct SendWr {
 }
 
 impl SendWr {
+    /// Becomes a copy of `s` (equal to it), copying only the SGEs and inline bytes `s`
+    /// uses: a whole `SendWr` is about 700 bytes, and the engine refills a recycled WQE
+    /// with every WR posted.
+    pub(crate) fn assign_from(&mut self, s: &SendWr) {
+        let SendWr {
+            wr_id,
+            opcode,
+            send_flags,
+            ref sg_list,
+            ref inline,
+            imm_data,
+            invalidate_rkey,
+            remote_addr,
+            rkey,
+            compare_add,
+            swap,
+            ud,
+            bind,
+        } = *s;
+        self.wr_id = wr_id;
+        self.opcode = opcode;
+        self.send_flags = send_flags;
+        self.sg_list.assign(sg_list);
+        match (&mut self.inline, inline) {
+            (Some(d), Some(x)) => d.assign(x),
+            (d, x) => *d = *x,
+        }
+        self.imm_data = imm_data;
+        self.invalidate_rkey = invalidate_rkey;
+        self.remote_addr = remote_addr;
+        self.rkey = rkey;
+        self.compare_add = compare_add;
+        self.swap = swap;
+        self.ud = ud;
+        self.bind = bind;
+    }
+
     fn base(wr_id: u64, opcode: WrOpcode, sges: &[Sge]) -> SendWr {
         SendWr {
             wr_id,
@@ -350,6 +416,46 @@ impl Wc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn assign_from_makes_an_equal_wr_whatever_was_there() {
+        let sge = |i: u32| Sge {
+            addr: u64::from(i) * 64,
+            length: 64,
+            lkey: i,
+        };
+        let many: Vec<Sge> = (0..MAX_SGE as u32).map(sge).collect();
+        let big = SendWr::write(1, &many, 0x1000, 7).with_imm(9);
+        let inline_big = SendWr::send(2, &[])
+            .with_inline(&[0xaa; MAX_INLINE])
+            .unwrap();
+        let inline_small = SendWr::send(3, &[]).with_inline(&[1, 2, 3]).unwrap();
+        let small = SendWr::send(4, &[sge(5)]);
+        let mut w = big;
+        for src in [
+            &small,
+            &inline_big,
+            &inline_small,
+            &big,
+            &small,
+            &inline_small,
+        ] {
+            w.assign_from(src);
+            assert_eq!(&w, src);
+            assert_eq!(w.sg_list.as_slice(), src.sg_list.as_slice());
+            assert_eq!(
+                w.inline.as_ref().map(|d| d.as_slice().to_vec()),
+                src.inline.as_ref().map(|d| d.as_slice().to_vec())
+            );
+        }
+        // Stale entries past the length are not part of the value.
+        assert_ne!(w, small);
+        assert_eq!(SgList::new(&[sge(1)]), {
+            let mut l = SgList::new(&many).unwrap();
+            l.assign(&SgList::new(&[sge(1)]).unwrap());
+            Some(l)
+        });
+    }
 
     #[test]
     fn lists_and_builders() {
