@@ -117,8 +117,11 @@ pub struct DeviceConfig {
     pub retry_cnt_7_infinite: bool,
     /// The most PSNs a requester has in flight unacknowledged per QP.
     pub max_inflight_psns: u32,
-    /// AckReq is set at least every this many packets of a long message (rxe:
-    /// RXE_MAX_UNACKED_PSNS = 128).
+    /// AckReq is set at least every this many packets of a long message, besides the last
+    /// packet of each message and the last one the window allows. Default 128, the
+    /// window, so a full window asks once (rxe asks every 64, RXE_MAX_PKT_PER_ACK;
+    /// 64 here measured the same: 1.50-1.95 vs 1.43-1.87 Gbit/s for 1 MiB WRITEs, and
+    /// no fewer timeouts at 2% loss).
     pub ack_req_interval: u32,
     /// Frames go out through a UDP socket (`link::udp`), whose kernel writes the IP and
     /// UDP headers: build them as it will (source port 4791, IPv4 ID 0), so the ICRC
