@@ -183,6 +183,34 @@ fn arb_case() -> impl Strategy<Value = Case> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
 
+    /// Every CM attribute (and its neighbours) with class data of any length and
+    /// content, alone and inside a CM-class MAD: decoding never panics, and whatever
+    /// decodes only points into the bytes it was given.
+    #[test]
+    fn cm_messages_of_any_length_never_panic(
+        attr in prop_oneof![0x0008u16..0x0022, any::<u16>()],
+        data in proptest::collection::vec(any::<u8>(), 0..300),
+    ) {
+        if let Ok(m) = cm::CmMessage::parse(attr, &data) {
+            let _ = format!("{m:?}");
+        }
+        let _ = cm::CmaHeader::parse(&data);
+        let mut mad = vec![0u8; mad::HEADER_LEN];
+        mad[0] = 1;
+        mad[1] = mad::CLASS_CM;
+        mad[2] = 2;
+        mad[16..18].copy_from_slice(&attr.to_be_bytes());
+        mad.extend_from_slice(&data);
+        match cm::CmMessage::from_mad(&mad) {
+            Ok(Some((r, m))) => {
+                prop_assert_eq!(r.attribute_id, attr);
+                let _ = format!("{m:?}");
+            }
+            Ok(None) => prop_assert!(false, "a CM-class MAD was not taken as CM"),
+            Err(_) => {}
+        }
+    }
+
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..1600)) {
         if let Ok(f) = Frame::parse(&bytes) {
