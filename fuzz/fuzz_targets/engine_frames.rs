@@ -1,0 +1,218 @@
+//! A live RC QP (with its own WRITEs, READs, SENDs and atomics outstanding, receives
+//! posted) fed hostile frames: any transport bytes (BTH onward) wrapped in valid
+//! Ethernet, IPv4 and UDP headers with a correct ICRC, so that they get past the
+//! checksum into the responder and completer. Interleaved with time passing, the
+//! engine sending, and new WRs. Nothing may panic (overflow checks are on), and the
+//! read-only region must never change.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use roce_xdp::engine::Engine;
+use roce_xdp::time::Time;
+use roce_xdp::verbs::device::gid_of;
+use roce_xdp::verbs::*;
+use roce_xdp::wire::icrc;
+use std::net::{IpAddr, Ipv4Addr};
+
+const MAC_US: [u8; 6] = [2, 0, 0, 0, 0, 1];
+const MAC_PEER: [u8; 6] = [2, 0, 0, 0, 0, 2];
+const IP_US: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+const IP_PEER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+
+struct Cursor<'a>(&'a [u8]);
+impl Cursor<'_> {
+    fn u8(&mut self) -> Option<u8> {
+        let (&b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(b)
+    }
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_le_bytes([self.u8()?, self.u8()?]))
+    }
+    fn take(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+}
+
+/// Ethernet + IPv4 + UDP around `transport` (BTH first), with the ICRC appended.
+fn wrap(transport: &[u8], sport: u16, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(&MAC_US);
+    out.extend_from_slice(&MAC_PEER);
+    out.extend_from_slice(&[0x08, 0x00]);
+    let udp_len = (8 + transport.len() + 4) as u16;
+    let total = 20 + udp_len;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&IP_PEER.octets());
+    ip[16..20].copy_from_slice(&IP_US.octets());
+    let mut sum = 0u32;
+    for w in ip.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let mut udp = [0u8; 8];
+    udp[0..2].copy_from_slice(&sport.to_be_bytes());
+    udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    out.extend_from_slice(&ip);
+    out.extend_from_slice(&udp);
+    out.extend_from_slice(transport);
+    let crc = icrc::compute(&ip, &udp, transport).unwrap_or(0);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut e = Engine::new(DeviceConfig::new(MAC_US, IP_US));
+    e.set_neighbor(IpAddr::V4(IP_PEER), MAC_PEER);
+    let pd = e.alloc_pd().unwrap();
+    let cq = e.create_cq(4096).unwrap();
+    let mem = Memory::new(1 << 16);
+    let ro_mem = Memory::new(4096);
+    ro_mem.fill(0, 4096, 0x5a).unwrap();
+    let all = AccessFlags(15);
+    let mr = e.reg_mr(pd, &mem, 0, 1 << 16, all).unwrap();
+    let ro = e
+        .reg_mr(pd, &ro_mem, 0, 4096, AccessFlags::REMOTE_READ)
+        .unwrap();
+    let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
+    init.cap.max_send_wr = 256;
+    init.cap.max_recv_wr = 256;
+    let qpn = e.create_qp(&init).unwrap();
+    let mut at = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: all,
+        ..QpAttr::default()
+    };
+    e.modify_qp(
+        qpn,
+        &at,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    at.qp_state = QpState::Rtr;
+    at.path_mtu = Mtu::Mtu1024;
+    at.dest_qp_num = 0x11;
+    at.max_dest_rd_atomic = 4;
+    at.min_rnr_timer = 1;
+    at.ah_attr = AddressVector::new(gid_of(IpAddr::V4(IP_PEER)), 1);
+    e.modify_qp(
+        qpn,
+        &at,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    at.qp_state = QpState::Rts;
+    at.timeout = 4;
+    at.retry_cnt = 2;
+    at.rnr_retry = 2;
+    at.max_rd_atomic = 4;
+    e.modify_qp(
+        qpn,
+        &at,
+        QpAttrMask::STATE
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+    let sge = |off: u64, len: u32| Sge {
+        addr: mr.addr + off,
+        length: len,
+        lkey: mr.lkey,
+    };
+    for i in 0..8 {
+        let _ = e.post_recv(qpn, &RecvWr::new(i, &[sge(i * 2048, 2048)]));
+    }
+
+    let mut c = Cursor(data);
+    let mut now = Time::from_nanos(1_000_000);
+    let mut frame = Vec::with_capacity(4200);
+    let mut out = vec![0u8; 9000];
+    let mut id = 100u64;
+    while let Some(op) = c.u8() {
+        match op & 7 {
+            0..=3 => {
+                let Some(n) = c.u16() else { break };
+                let mut t = c.take(usize::from(n) % 4200).to_vec();
+                // Often aim at the live QP: the fuzzer need not find its number.
+                if op & 0x80 != 0 && t.len() >= 8 {
+                    t[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+                }
+                let sport = if op & 0x40 != 0 {
+                    0xc000
+                } else {
+                    u16::from(op) << 8
+                };
+                wrap(&t, sport, &mut frame);
+                e.handle_frame(now, &frame);
+            }
+            4 => {
+                let dt = u64::from(c.u16().unwrap_or(0)) * 4096;
+                now = now.add_nanos(dt);
+                if e.poll_timeout().is_some_and(|d| d <= now) {
+                    e.handle_timeout(now);
+                }
+            }
+            5 => {
+                for _ in 0..512 {
+                    if e.poll_transmit(now, &mut out).is_none() {
+                        break;
+                    }
+                }
+                while e.poll_cq_one(cq).is_some() {}
+            }
+            6 => {
+                let k = c.u8().unwrap_or(0);
+                let len = u32::from(c.u8().unwrap_or(1)) * 97;
+                let off = u64::from(k >> 4) * 2048;
+                let remote = 0x1000 + u64::from(c.u8().unwrap_or(0)) * 64;
+                id += 1;
+                let wr = match k % 7 {
+                    0 => SendWr::write(id, &[sge(off, len)], remote, 0x1234),
+                    1 => SendWr::read(id, &[sge(off, len)], remote, 0x1234),
+                    2 => SendWr::send(id, &[sge(off, len)]),
+                    3 => SendWr::cmp_swap(id, sge(off, 8), remote, 0x1234, 1, 2),
+                    4 => SendWr::fetch_add(id, sge(off, 8), remote, 0x1234, 3),
+                    5 => SendWr::send(id, &[]).with_inline(&[7; 64]).unwrap(),
+                    _ => SendWr::write(id, &[sge(off, len)], remote, 0x1234).with_imm(9),
+                };
+                let _ = e.post_send(qpn, &wr);
+            }
+            _ => {
+                id += 1;
+                let len = u32::from(c.u8().unwrap_or(0)) * 32;
+                let _ = e.post_recv(qpn, &RecvWr::new(id, &[sge(0, len)]));
+            }
+        }
+    }
+    for _ in 0..4096 {
+        if e.poll_transmit(now, &mut out).is_none() {
+            break;
+        }
+    }
+    // Only a key with REMOTE_WRITE/ATOMIC opens memory for writing.
+    let _ = ro;
+    assert!(
+        ro_mem.to_vec(0, 4096).unwrap().iter().all(|&b| b == 0x5a),
+        "the read-only region changed"
+    );
+});
