@@ -1,5 +1,5 @@
 //! A live RC QP (with its own WRITEs, READs, SENDs and atomics outstanding, receives
-//! posted) fed hostile frames: any transport bytes (BTH onward) wrapped in valid
+//! posted), a UC QP on an SRQ and a UD QP, fed hostile frames: any transport bytes (BTH onward) wrapped in valid
 //! Ethernet, IPv4 and UDP headers with a correct ICRC, so that they get past the
 //! checksum into the responder and completer. Interleaved with time passing, the
 //! engine sending, and new WRs. Nothing may panic (overflow checks are on), and the
@@ -142,6 +142,52 @@ fuzz_target!(|data: &[u8]| {
     for i in 0..8 {
         let _ = e.post_recv(qpn, &RecvWr::new(i, &[sge(i * 2048, 2048)]));
     }
+    // A UC QP on a shared receive queue, and a UD QP.
+    let srq = e.create_srq(pd, 64, 4).unwrap();
+    for i in 0..8 {
+        let _ = e.post_srq_recv(srq, &RecvWr::new(50 + i, &[sge(i * 1024, 1024)]));
+    }
+    let mut uc_init = QpInitAttr::new(QpType::Uc, pd, cq);
+    uc_init.srq = Some(srq);
+    let uc = e.create_qp(&uc_init).unwrap();
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: all,
+        ..QpAttr::default()
+    };
+    let base = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    e.modify_qp(uc, &a, base | QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = Mtu::Mtu1024;
+    a.dest_qp_num = 0x12;
+    a.ah_attr = AddressVector::new(gid_of(IpAddr::V4(IP_PEER)), 1);
+    let rtr = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN;
+    e.modify_qp(uc, &a, rtr).unwrap();
+    a.qp_state = QpState::Rts;
+    e.modify_qp(uc, &a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+    let mut ud_init = QpInitAttr::new(QpType::Ud, pd, cq);
+    ud_init.cap.max_recv_wr = 64;
+    let ud = e.create_qp(&ud_init).unwrap();
+    let mut u = QpAttr {
+        qp_state: QpState::Init,
+        qkey: 0x1111_1111,
+        ..QpAttr::default()
+    };
+    e.modify_qp(ud, &u, base | QpAttrMask::QKEY).unwrap();
+    u.qp_state = QpState::Rtr;
+    e.modify_qp(ud, &u, QpAttrMask::STATE).unwrap();
+    u.qp_state = QpState::Rts;
+    e.modify_qp(ud, &u, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+    for i in 0..8 {
+        let _ = e.post_recv(ud, &RecvWr::new(80 + i, &[sge(32768 + i * 1100, 1100)]));
+    }
 
     let mut c = Cursor(data);
     let mut now = Time::from_nanos(1_000_000);
@@ -153,11 +199,20 @@ fuzz_target!(|data: &[u8]| {
             0..=3 => {
                 let Some(n) = c.u16() else { break };
                 let mut t = c.take(usize::from(n) % 4200).to_vec();
-                // Often aim at the live QP: the fuzzer need not find its number.
-                if op & 0x80 != 0 && t.len() >= 8 {
-                    t[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+                // Often aim at a live QP (RC, UC or UD): the fuzzer need not find
+                // their numbers.
+                let aim = match op >> 6 {
+                    2 => Some(qpn),
+                    3 => Some(uc),
+                    1 => Some(ud),
+                    _ => None,
+                };
+                if let Some(q) = aim
+                    && t.len() >= 8
+                {
+                    t[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
                 }
-                let sport = if op & 0x40 != 0 {
+                let sport = if op & 0x08 != 0 {
                     0xc000
                 } else {
                     u16::from(op) << 8
