@@ -7,36 +7,7 @@ use roce_xdp::wire::roce::pad_for;
 use roce_xdp::wire::*;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// Exercises every accessor of a parsed frame; must not panic whatever it holds.
-fn touch(f: &Frame<'_>) {
-    let _ = f.verify();
-    let _ = f.verify_ip_checksum();
-    let _ = f.verify_udp_checksum();
-    let _ = f.computed_icrc();
-    let r = f.roce();
-    let _ = (r.payload(), r.pad_bytes(), r.icrc(), r.payload_len());
-    let b = r.bth();
-    let _ = (b.opcode(), b.psn(), b.dest_qp(), b.pkey(), b.ack_req());
-    let _ = (r.reth().map(|h| h.va()), r.aeth().map(|h| h.syndrome()));
-    let _ = (
-        r.deth().map(|h| h.qkey()),
-        r.atomic_eth().map(|h| h.compare()),
-    );
-    let _ = (r.atomic_ack_eth().map(|h| h.orig()), r.immdt(), r.ieth());
-    let _ = FrameRepr::parse(f).map(|x| x.to_owned_len());
-    if b.dest_qp() == 1 {
-        let _ = cm::CmMessage::from_mad(r.payload());
-    }
-}
-
-trait Len {
-    fn to_owned_len(&self) -> usize;
-}
-impl Len for FrameRepr<'_> {
-    fn to_owned_len(&self) -> usize {
-        self.buffer_len().unwrap_or(0)
-    }
-}
+include!("support/touch_frame.rs");
 
 fn arb_ip() -> impl Strategy<Value = IpRepr> {
     let v4 = (
