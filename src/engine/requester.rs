@@ -80,8 +80,21 @@ impl Default for SendWqe {
 }
 
 impl Recycle for SendWqe {
+    /// Drops the regions it held and puts its progress back to that of a new WQE (as
+    /// `Default` makes it), so `post_send` fills in only what comes from the WR.
     fn recycle(&mut self) {
         self.segs.clear();
+        self.seg_err = None;
+        self.state = WqeState::Sending;
+        self.assigned = false;
+        self.first_psn = Psn::default();
+        self.last_psn = Psn::default();
+        self.npkts = 0;
+        self.next_pkt = 0;
+        self.sent_hi = 0;
+        self.read_from = 0;
+        self.read_pos = None;
+        self.holds_rd = false;
     }
 }
 
@@ -366,26 +379,15 @@ impl Qp {
         let inline = wr.send_flags.contains(SendFlags::INLINE);
         let length = wr.length();
         let write_local = wr.opcode == WrOpcode::RdmaRead || wr.opcode.is_atomic();
+        // New or recycled: empty segments, no progress (`Recycle`).
         let mut w = ctx.send_wqes.take();
-        w.seg_err = if inline {
-            w.segs.clear();
-            None
-        } else {
-            w.segs
+        if !inline {
+            w.seg_err = w
+                .segs
                 .resolve_into(&ctx.mrs, self.pd, &wr.sg_list, write_local)
-                .err()
-        };
+                .err();
+        }
         w.wr.assign_from(wr);
-        w.state = WqeState::Sending;
-        w.assigned = false;
-        w.first_psn = Psn::default();
-        w.last_psn = Psn::default();
-        w.npkts = 0;
-        w.next_pkt = 0;
-        w.sent_hi = 0;
-        w.read_from = 0;
-        w.read_pos = None;
-        w.holds_rd = false;
         w.signaled = self.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
         w.length = length;
         self.req.sq.push_back(w);
