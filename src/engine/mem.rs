@@ -4,7 +4,7 @@
 //! access flags.
 
 use crate::rng::Rng;
-use crate::verbs::mr::{MrInfo, MrInner};
+use crate::verbs::mr::{MrInfo, MrInner, MrKind};
 use crate::verbs::wr::{MAX_SGE, MwBind, SgList, Sge};
 use crate::verbs::{AccessFlags, Error, Memory};
 use std::sync::Arc;
@@ -136,7 +136,7 @@ impl MrTable {
     pub fn dealloc_window(&mut self, mw: u32) -> Result<u32, Error> {
         let idx = mw as usize;
         match self.slots.get(idx) {
-            Some(Some(w)) if w.window.is_some() => {
+            Some(Some(w)) if w.is_window() => {
                 self.windows -= 1;
                 Ok(self.release(idx))
             }
@@ -160,7 +160,7 @@ impl MrTable {
         let Some(Some(w)) = self.slots.get(idx) else {
             return Err("no such memory window");
         };
-        if w.window.is_none() || w.info.pd != pd {
+        if !w.is_window() || w.info.pd != pd {
             return Err("not a memory window of the QP's PD");
         }
         if w.is_valid() {
@@ -202,7 +202,10 @@ impl MrTable {
             pd,
         };
         let mut inner = MrInner::new(info, mr.mem.clone(), off);
-        inner.window = Some(Some((mr.clone(), qpn)));
+        inner.kind = MrKind::Window {
+            region: mr.clone(),
+            qpn,
+        };
         self.last_byte[idx].1 = b.rkey as u8;
         self.slots[idx] = Some(Arc::new(inner));
         Ok(())
@@ -321,7 +324,7 @@ impl MrTable {
             .get((key >> 8) as usize)
             .and_then(Option::as_ref)
             .ok_or(AccessError::BadKey)?;
-        if mr.window.is_none() {
+        if !mr.is_window() {
             return Err(AccessError::Permission);
         }
         if mr.info.rkey != key || mr.info.pd != pd {

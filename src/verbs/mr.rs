@@ -198,10 +198,20 @@ pub struct MrInner {
     /// Offset in `mem` of the byte at `info.addr`.
     pub(crate) offset: usize,
     pub(crate) valid: AtomicBool,
-    /// A memory window (type 2), not a region: it has no lkey, only windows can be
-    /// invalidated (SEND_WITH_INV, LOCAL_INV), and while bound it names the region under
-    /// it and the QP it was bound through, the only QP that may use it (IBA 10.6.7.2).
-    pub(crate) window: Option<Option<(Arc<MrInner>, u32)>>,
+    pub(crate) kind: MrKind,
+}
+
+/// What a key of the table opens.
+#[derive(Debug)]
+pub(crate) enum MrKind {
+    /// A registered region.
+    Region,
+    /// A memory window (type 2): no lkey, and only windows can be invalidated
+    /// (SEND_WITH_INV, LOCAL_INV). Unbound until a BIND_MW binds it.
+    UnboundWindow,
+    /// A bound window: the region under it, and the QP it was bound through, the only QP
+    /// that may use it (IBA 10.6.7.2).
+    Window { region: Arc<MrInner>, qpn: u32 },
 }
 
 impl MrInner {
@@ -211,7 +221,7 @@ impl MrInner {
             mem,
             offset,
             valid: AtomicBool::new(true),
-            window: None,
+            kind: MrKind::Region,
         }
     }
 
@@ -230,7 +240,7 @@ impl MrInner {
             mem: Memory::new(0),
             offset: 0,
             valid: AtomicBool::new(false),
-            window: Some(None),
+            kind: MrKind::UnboundWindow,
         }
     }
 
@@ -238,17 +248,23 @@ impl MrInner {
     #[inline]
     pub fn is_valid(&self) -> bool {
         self.valid.load(Ordering::Acquire)
-            && match &self.window {
-                Some(Some((mr, _))) => mr.is_valid(),
+            && match &self.kind {
+                MrKind::Window { region, .. } => region.is_valid(),
                 _ => true,
             }
+    }
+
+    /// A memory window, bound or not (not a region).
+    #[inline]
+    pub(crate) fn is_window(&self) -> bool {
+        !matches!(self.kind, MrKind::Region)
     }
 
     /// The QP a bound window may be used through (`None` for a region).
     #[inline]
     pub(crate) fn window_qp(&self) -> Option<u32> {
-        match &self.window {
-            Some(Some((_, qpn))) => Some(*qpn),
+        match &self.kind {
+            MrKind::Window { qpn, .. } => Some(*qpn),
             _ => None,
         }
     }
