@@ -93,8 +93,8 @@ impl ConnectOpts {
 }
 
 /// How long a finished command keeps its QP after the last frame it received, and at most.
-pub const LINGER_QUIET: Duration = Duration::from_millis(100);
-pub const LINGER_MAX: Duration = Duration::from_secs(2);
+const LINGER_QUIET: Duration = Duration::from_millis(100);
+const LINGER_MAX: Duration = Duration::from_secs(2);
 
 impl Endpoint {
     /// Creates the PD, CQ, MR and QP (in RESET).
@@ -215,17 +215,17 @@ impl Endpoint {
         }
     }
 
-    /// Keeps the QP alive until the device has received nothing for `quiet` (at most
-    /// `max`): a command that is done may still owe the peer ACKs for packets the peer
-    /// sends again. rxe retransmits when its timer fires even right after our last ACK,
-    /// and then retries for ever (retry_cnt 7) if the QP is gone: seen as a hung
+    /// Destroys the QP once the device has received nothing for `LINGER_QUIET` (at most
+    /// `LINGER_MAX`): a command that is done may still owe the peer ACKs for packets the
+    /// peer sends again. rxe retransmits when its timer fires even right after our last
+    /// ACK, and then retries for ever (retry_cnt 7) if the QP is gone: seen as a hung
     /// `ibv_rc_pingpong` server in the interop harness once the round trip got short.
     /// `LINGER_QUIET` covers one retransmit period of the tools' timeout 14 (67 ms).
-    pub fn linger(&self, quiet: Duration, max: Duration) {
+    pub fn finish(&self) {
         let t0 = Instant::now();
         let mut last = self.dev.counters().map(|c| c.rcvd_pkts).unwrap_or(0);
         let mut since = Instant::now();
-        while t0.elapsed() < max && since.elapsed() < quiet && !super::interrupted() {
+        while t0.elapsed() < LINGER_MAX && since.elapsed() < LINGER_QUIET && !super::interrupted() {
             std::thread::sleep(Duration::from_millis(5));
             let now = self.dev.counters().map(|c| c.rcvd_pkts).unwrap_or(last);
             if now != last {
@@ -233,6 +233,7 @@ impl Endpoint {
                 since = Instant::now();
             }
         }
+        let _ = self.dev.destroy_qp(self.qp.clone());
     }
 
     /// Waits up to `timeout` for the next completion; an error names the status. Stops

@@ -377,8 +377,7 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
             }
         }
     };
-    e.linger(super::endpoint::LINGER_QUIET, super::endpoint::LINGER_MAX);
-    let _ = dev.destroy_qp(e.qp.clone());
+    e.finish();
     Ok(report)
 }
 

@@ -283,8 +283,7 @@ pub fn run(
         iters: o.iters,
         invalid_pages,
     };
-    e.linger(super::endpoint::LINGER_QUIET, super::endpoint::LINGER_MAX);
-    let _ = dev.destroy_qp(e.qp.clone());
+    e.finish();
     Ok(r)
 }
 

@@ -347,8 +347,7 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
         },
         t0.elapsed().as_secs_f64()
     );
-    e.linger(super::endpoint::LINGER_QUIET, super::endpoint::LINGER_MAX);
-    let _ = dev.destroy_qp(e.qp.clone());
+    e.finish();
     match fail {
         None => Ok(line),
         Some(_) => Err(line),
