@@ -344,16 +344,14 @@ fn restore_ipv4_id(frame: &mut [u8]) -> bool {
     let Some(id) = f.ipv4_id_explaining(wire, computed) else {
         return false;
     };
-    let l3 = f.l3_offset();
-    frame[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
-    // RFC 1624 incremental update of the header checksum for the field going 0 -> id.
-    let hc = u16::from_be_bytes([frame[l3 + 10], frame[l3 + 11]]);
-    let mut sum = u32::from(!hc) + u32::from(id);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    frame[l3 + 10..l3 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    true
+    let (IpAddr::V4(src), IpAddr::V4(dst)) = (f.ip().src(), f.ip().dst()) else {
+        return false;
+    };
+    let (l3, l4_len) = (f.l3_offset(), f.bytes().len() - f.l4_offset());
+    // The header `rebuild` wrote, now with the sender's ID (and its checksum).
+    IpRepr::V4(Ipv4Repr::new(src, dst, id))
+        .emit(&mut frame[l3..], l4_len)
+        .is_ok()
 }
 
 #[cfg(test)]
