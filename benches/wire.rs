@@ -45,16 +45,8 @@ fn frame(payload: &[u8]) -> FrameRepr<'_> {
         },
         roce: RoceRepr {
             bth: BthRepr {
-                opcode: Opcode::RC_RDMA_WRITE_ONLY,
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: 0xffff,
-                fecn: false,
-                becn: false,
-                dest_qp: 0x11,
                 ack_req: true,
-                psn: Psn::new(7),
+                ..BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY, 0x11, Psn::new(7))
             },
             ext: ExtRepr {
                 reth: Some(RethRepr {

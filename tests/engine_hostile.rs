@@ -111,6 +111,11 @@ fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
         2 => e.len.1,
         _ => e.len.2,
     };
+    let dest_qp = if e.dest.0 {
+        t.qpn
+    } else {
+        e.dest.1 & 0xff_ffff
+    };
     let has = |k| info.has(k);
     let ext = ExtRepr {
         deth: None,
@@ -149,20 +154,9 @@ fn frame(e: &Evil, t: &Target, buf: &mut [u8]) -> usize {
         },
         roce: RoceRepr {
             bth: BthRepr {
-                opcode: Opcode(e.op),
-                solicited: false,
-                mig_req: false,
                 pad_count: pad_for(payload.len()),
-                pkey: 0xffff,
-                fecn: false,
-                becn: false,
-                dest_qp: if e.dest.0 {
-                    t.qpn
-                } else {
-                    e.dest.1 & 0xff_ffff
-                },
                 ack_req: e.ack_req,
-                psn: Psn::new(psn),
+                ..BthRepr::new(Opcode(e.op), dest_qp, Psn::new(psn))
             },
             ext,
             payload: &payload,

@@ -75,16 +75,8 @@ fn per_frame_work_does_not_allocate() {
                 },
                 roce: RoceRepr {
                     bth: BthRepr {
-                        opcode: Opcode(info.code),
-                        solicited: false,
-                        mig_req: false,
-                        pad_count: 0,
-                        pkey: 0xffff,
-                        fecn: false,
-                        becn: false,
-                        dest_qp: 17,
                         ack_req: true,
-                        psn: Psn::new(1),
+                        ..BthRepr::new(Opcode(info.code), 17, Psn::new(1))
                     },
                     ext: ExtRepr {
                         deth: info.has(HeaderKind::Deth).then_some(DethRepr::default()),

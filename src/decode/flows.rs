@@ -293,16 +293,8 @@ mod tests {
             },
             roce: RoceRepr {
                 bth: BthRepr {
-                    opcode: op,
-                    solicited: false,
-                    mig_req: false,
-                    pad_count: 0,
-                    pkey: 0xffff,
-                    fecn: false,
-                    becn: false,
-                    dest_qp: dqp,
                     ack_req: !ack,
-                    psn: Psn::new(psn),
+                    ..BthRepr::new(op, dqp, Psn::new(psn))
                 },
                 ext: ExtRepr {
                     aeth,

@@ -659,16 +659,9 @@ impl Qp {
             && pos.ends()
             && (oper == Operation::Send || imm);
         let bth = BthRepr {
-            opcode,
             solicited: se,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: self.attr.dest_qp_num,
             ack_req,
-            psn,
+            ..BthRepr::new(opcode, self.attr.dest_qp_num, psn)
         };
         let off = u64::from(pkt_index) * u64::from(mtu);
         let data_ok = payload_len == 0 || w.check(off, payload_len).is_ok();
@@ -765,16 +758,8 @@ impl Qp {
             ..ExtRepr::default()
         };
         let bth = BthRepr {
-            opcode,
             solicited: w.wr.send_flags.contains(SendFlags::SOLICITED),
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: dest.remote_qpn,
-            ack_req: false,
-            psn: w.first_psn,
+            ..BthRepr::new(opcode, dest.remote_qpn, w.first_psn)
         };
         let len = w.length as usize;
         if len > 0 && w.check(0, len).is_err() {

@@ -873,18 +873,7 @@ impl Qp {
         let mtu = u64::from(self.mtu(ctx));
         let msn = self.resp.msn;
         let dest = self.attr.dest_qp_num;
-        let bth = |opcode: Opcode, psn: Psn| BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: dest,
-            ack_req: false,
-            psn,
-        };
+        let bth = |opcode: Opcode, psn: Psn| BthRepr::new(opcode, dest, psn);
         let aeth = |s: Syndrome| Some(AethRepr { syndrome: s, msn });
         match self.resp.out.front_mut()? {
             Out::Ack { psn, syndrome } => {

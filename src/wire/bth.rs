@@ -158,7 +158,28 @@ pub struct Repr {
     pub psn: Psn,
 }
 
+/// The default partition key (full membership), which rxe and roce-xdp always send.
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
 impl Repr {
+    /// A BTH as a sender usually writes it: no solicited event, MigReq 0, no pad, the
+    /// default P_Key, no congestion marks, no AckReq. Set the other fields with struct
+    /// update syntax (`BthRepr { ack_req: true, ..BthRepr::new(op, qp, psn) }`).
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: Psn) -> Repr {
+        Repr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
     /// Parses a BTH: rejects TVer != 0 and opcodes the table does not know.
     /// Reserved bits are ignored on receive, as rxe does.
     pub fn parse<T: AsRef<[u8]>>(h: &Header<T>) -> Result<Repr> {
