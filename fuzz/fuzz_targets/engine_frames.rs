@@ -11,7 +11,7 @@ use roce_xdp::engine::Engine;
 use roce_xdp::time::Time;
 use roce_xdp::verbs::device::gid_of;
 use roce_xdp::verbs::*;
-use roce_xdp::wire::icrc;
+use roce_xdp::wire::{EthRepr, IpRepr, Ipv4Repr, ROCE_V2_PORT, UdpRepr, icrc};
 use std::net::{IpAddr, Ipv4Addr};
 
 const MAC_US: [u8; 6] = [2, 0, 0, 0, 0, 1];
@@ -37,39 +37,29 @@ impl Cursor<'_> {
     }
 }
 
-/// Ethernet + IPv4 + UDP around `transport` (BTH first), with the ICRC appended.
+/// Ethernet + IPv4 + UDP around `transport` (BTH first), with the ICRC appended: the
+/// wire layer's own emitters, as the UDP link's `rebuild` uses them.
 fn wrap(transport: &[u8], sport: u16, out: &mut Vec<u8>) {
+    let eth = EthRepr {
+        dst: MAC_US,
+        src: MAC_PEER,
+        vlan: None,
+        ethertype: 0x0800,
+    };
+    let udp_payload = transport.len() + icrc::LEN;
     out.clear();
-    out.extend_from_slice(&MAC_US);
-    out.extend_from_slice(&MAC_PEER);
-    out.extend_from_slice(&[0x08, 0x00]);
-    let udp_len = (8 + transport.len() + 4) as u16;
-    let total = 20 + udp_len;
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[6] = 0x40;
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&IP_PEER.octets());
-    ip[16..20].copy_from_slice(&IP_US.octets());
-    let mut sum = 0u32;
-    for w in ip.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    ip[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    let mut udp = [0u8; 8];
-    udp[0..2].copy_from_slice(&sport.to_be_bytes());
-    udp[2..4].copy_from_slice(&4791u16.to_be_bytes());
-    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
-    out.extend_from_slice(&ip);
-    out.extend_from_slice(&udp);
-    out.extend_from_slice(transport);
-    let crc = icrc::compute(&ip, &udp, transport).unwrap_or(0);
-    out.extend_from_slice(&crc.to_le_bytes());
+    out.resize(14 + 20 + 8 + udp_payload, 0);
+    let l3 = eth.emit(out).unwrap();
+    let ip = IpRepr::V4(Ipv4Repr::new(IP_PEER, IP_US, 0));
+    let l4 = l3 + ip.emit(&mut out[l3..], 8 + udp_payload).unwrap();
+    let udp = UdpRepr {
+        src_port: sport,
+        dst_port: ROCE_V2_PORT,
+    };
+    let bth = l4 + udp.emit(&mut out[l4..], udp_payload).unwrap();
+    out[bth..bth + transport.len()].copy_from_slice(transport);
+    let crc = icrc::compute(&out[l3..l4], &out[l4..bth], transport).unwrap_or(0);
+    icrc::write(&mut out[bth + transport.len()..], crc);
 }
 
 fuzz_target!(|data: &[u8]| {
