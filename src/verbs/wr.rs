@@ -196,7 +196,7 @@ pub struct SendWr {
 
 impl SendWr {
     /// Becomes a copy of `s` (equal to it), copying only the SGEs and inline bytes `s`
-    /// uses: a whole `SendWr` is about 700 bytes, and the engine refills a recycled WQE
+    /// uses: a whole `SendWr` is 656 bytes (x86_64), and the engine refills a recycled WQE
     /// with every WR posted.
     pub(crate) fn assign_from(&mut self, s: &SendWr) {
         let SendWr {
