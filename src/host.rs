@@ -103,6 +103,17 @@ impl Interface {
         Ok(m)
     }
 
+    /// True when the interface is up with its carrier on (IFF_UP and IFF_RUNNING): what
+    /// makes an RDMA port ACTIVE, as rxe follows its netdev.
+    pub fn is_running(&self) -> Result<bool, HostError> {
+        // SAFETY: ifreq is plain data; zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        self.ioctl(libc::SIOCGIFFLAGS, &mut ifr)?;
+        // SAFETY: SIOCGIFFLAGS fills the ifru_flags member.
+        let f = i32::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        Ok(f & libc::IFF_UP != 0 && f & libc::IFF_RUNNING != 0)
+    }
+
     /// Number of receive queues (ethtool channels; 1 if the driver does not say).
     pub fn rx_queues(&self) -> usize {
         #[repr(C)]
@@ -398,6 +409,7 @@ mod tests {
                 .unwrap()
                 .contains(&IpAddr::V4(Ipv4Addr::LOCALHOST))
         );
+        assert!(lo.is_running().unwrap());
         assert!(Interface::find("no-such-if0").is_err());
     }
 }

@@ -249,10 +249,23 @@ impl MrTable {
     /// Deregisters the region of `lkey`: later packets are refused, operations already
     /// holding it finish on memory that stays allocated until they drop it.
     /// Returns the region's PD.
+    ///
+    /// A region over memory the application lent ([`Memory::borrowed`]) is refused while
+    /// anything still holds it (a WR in flight, a READ being answered, a bound window):
+    /// the application may free its memory once this returns, so the engine must be done
+    /// with it (rdma-core's `ibv_dereg_mr` fails with EBUSY while windows are bound).
     pub fn deregister(&mut self, lkey: u32) -> Result<u32, Error> {
         let idx = (lkey >> 8) as usize;
         match self.slots.get(idx) {
             Some(Some(mr)) if mr.info.lkey == lkey => {
+                let holders = Arc::strong_count(mr) - 1;
+                if mr.mem.is_borrowed() && holders > 0 {
+                    return Err(Error::Busy {
+                        what: "memory region",
+                        handle: lkey,
+                        users: holders as u32,
+                    });
+                }
                 self.count -= 1;
                 Ok(self.release(idx))
             }
@@ -494,6 +507,49 @@ mod tests {
 
     fn table() -> (MrTable, Rng, Arc<Memory>) {
         (MrTable::default(), Rng::new(1), Memory::new(4096))
+    }
+
+    #[test]
+    fn a_lent_region_held_by_work_in_flight_is_not_deregistered() {
+        let mut buf = vec![0u8; 256];
+        // SAFETY: `buf` outlives the table's use of it (both end with this test).
+        let lent = unsafe { Memory::borrowed(buf.as_mut_ptr(), buf.len()) };
+        let (mut t, mut rng, owned) = table();
+        let a = t
+            .register(
+                &mut rng,
+                1,
+                lent,
+                0,
+                256,
+                0x1000,
+                AccessFlags::LOCAL_WRITE,
+                10,
+            )
+            .unwrap();
+        let held = t.lookup(a.lkey, false, 1).unwrap().clone();
+        assert!(matches!(
+            t.deregister(a.lkey),
+            Err(Error::Busy { users: 1, .. })
+        ));
+        drop(held);
+        t.deregister(a.lkey).unwrap();
+        // The engine's own memory stays allocated for whoever holds it: no refusal.
+        let b = t
+            .register(
+                &mut rng,
+                1,
+                owned,
+                0,
+                64,
+                0x2000,
+                AccessFlags::LOCAL_WRITE,
+                10,
+            )
+            .unwrap();
+        let _held = t.lookup(b.lkey, false, 1).unwrap().clone();
+        t.deregister(b.lkey).unwrap();
+        drop(buf);
     }
 
     #[test]

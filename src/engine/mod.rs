@@ -157,7 +157,7 @@ impl Ctx {
             return false;
         };
         let was_overflowed = c.overflowed;
-        if !c.push(wc) {
+        if !c.push(wc, solicited) {
             if !was_overflowed {
                 self.events.push_back(AsyncEvent::CqErr { cq });
             }
@@ -438,6 +438,25 @@ impl Engine {
         Ok(())
     }
 
+    /// `ibv_resize_cq`: the CQ holds `depth` completions from now on; refused below the
+    /// number it holds or above `max_cqe`.
+    pub fn resize_cq(&mut self, cq: u32, depth: usize) -> Result<(), Error> {
+        let max = self.ctx.cfg.limits.max_cqe as usize;
+        let c = self.ctx.cqs.get_mut(cq).ok_or(Error::NoSuch {
+            kind: "CQ",
+            handle: cq,
+        })?;
+        if depth == 0 || depth > max || depth < c.entries.len() {
+            return Err(Error::InvalidAttribute {
+                name: "cqe",
+                value: depth as u64,
+                reason: "must be 1..=max_cqe and hold the completions queued",
+            });
+        }
+        c.depth = depth;
+        Ok(())
+    }
+
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`; returns how many.
     pub fn poll_cq(&mut self, cq: u32, out: &mut [Wc]) -> Result<usize, Error> {
         let c = self.ctx.cqs.get_mut(cq).ok_or(Error::NoSuch {
@@ -447,7 +466,7 @@ impl Engine {
         let mut n = 0;
         while n < out.len() {
             match c.entries.pop_front() {
-                Some(w) => {
+                Some((w, _)) => {
                     out[n] = w;
                     n += 1;
                 }
@@ -459,7 +478,7 @@ impl Engine {
 
     /// One completion, if any.
     pub fn poll_cq_one(&mut self, cq: u32) -> Option<Wc> {
-        self.ctx.cqs.get_mut(cq)?.entries.pop_front()
+        self.ctx.cqs.get_mut(cq)?.entries.pop_front().map(|e| e.0)
     }
 
     /// Completions waiting on a CQ.
@@ -503,12 +522,59 @@ impl Engine {
 
     /// Arms the SRQ limit event (`ibv_modify_srq` with IBV_SRQ_LIMIT).
     pub fn modify_srq_limit(&mut self, srq: u32, limit: u32) -> Result<(), Error> {
+        self.modify_srq(srq, None, Some(limit))
+    }
+
+    /// `ibv_modify_srq`: resizes the SRQ to `max_wr` WRs (IBV_SRQ_MAX_WR; never below
+    /// the WRs it holds, as rxe refuses) and/or arms the limit event at `limit`
+    /// (IBV_SRQ_LIMIT; 0 disarms; above `max_wr` is refused, IBA 11.2.3.3).
+    pub fn modify_srq(
+        &mut self,
+        srq: u32,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), Error> {
+        let lim = self.ctx.cfg.limits.max_srq_wr;
         let s = self.ctx.srqs.get_mut(srq).ok_or(Error::NoSuch {
             kind: "SRQ",
             handle: srq,
         })?;
-        s.limit = limit as usize;
+        let new_max = max_wr.map_or(s.max_wr, |m| m as usize);
+        if new_max == 0 || new_max > lim as usize || new_max < s.queue.len() {
+            return Err(Error::InvalidAttribute {
+                name: "srq_attr.max_wr",
+                value: new_max as u64,
+                reason: "must be 1..=max_srq_wr and hold the WRs already posted",
+            });
+        }
+        if let Some(l) = limit
+            && l as usize > new_max
+        {
+            return Err(Error::InvalidAttribute {
+                name: "srq_attr.srq_limit",
+                value: u64::from(l),
+                reason: "larger than the SRQ's max_wr",
+            });
+        }
+        s.max_wr = new_max;
+        if let Some(l) = limit {
+            s.limit = l as usize;
+        }
         Ok(())
+    }
+
+    /// `ibv_query_srq`: (max_wr, max_sge, srq_limit).
+    pub fn query_srq(&self, srq: u32) -> Result<(u32, u32, u32), Error> {
+        let s = self.ctx.srqs.get(srq).ok_or(Error::NoSuch {
+            kind: "SRQ",
+            handle: srq,
+        })?;
+        Ok((s.max_wr as u32, s.max_sge as u32, s.limit as u32))
+    }
+
+    /// Receive WRs QPs have taken from SRQ `srq` so far.
+    pub fn srq_taken(&self, srq: u32) -> u64 {
+        self.ctx.srqs.get(srq).map_or(0, |s| s.taken)
     }
 
     /// `ibv_post_srq_recv`.
@@ -693,6 +759,18 @@ impl Engine {
     /// True when QP `qpn` lives in this engine.
     pub fn has_qp(&self, qpn: u32) -> bool {
         self.qps.contains_key(&qpn)
+    }
+
+    /// True for a frame this engine sent to itself (a QP connected to another QP of the
+    /// same device, or a UD send to one of its own GIDs): the runtime hands it straight
+    /// back to `handle_frame`, as rxe loops such packets back instead of sending them
+    /// (`rxe_loopback`). Only the destination MAC is compared first, so the frames that
+    /// leave cost one 6-byte comparison.
+    pub fn is_loopback(&self, frame: &[u8]) -> bool {
+        if self.ctx.cfg.udp_link || frame.get(..6) != Some(&self.ctx.cfg.mac[..]) {
+            return false;
+        }
+        Frame::parse(frame).is_ok_and(|f| self.ctx.cfg.owns(f.ip().dst()))
     }
 
     /// The destination QP of a RoCEv2 frame that is not one of this engine's QPs (the
@@ -883,14 +961,16 @@ impl Engine {
         }
     }
 
-    /// Calls `f(cq, completion)` for every completion queued on CQs that got some since
-    /// the last call, emptying them: how a threaded runtime hands completions over.
-    pub fn take_touched_cqs(&mut self, mut f: impl FnMut(u32, Wc)) {
+    /// Calls `f(cq, completion, solicited)` for every completion queued on CQs that got
+    /// some since the last call, emptying them: how a threaded runtime hands completions
+    /// over (and arms its own notifications: `solicited` says whether a solicited-only
+    /// waiter wakes for it).
+    pub fn take_touched_cqs(&mut self, mut f: impl FnMut(u32, Wc, bool)) {
         for cq in self.ctx.touched_cqs.drain(..) {
             if let Some(c) = self.ctx.cqs.get_mut(cq) {
                 c.touched = false;
-                while let Some(w) = c.entries.pop_front() {
-                    f(cq, w);
+                while let Some((w, s)) = c.entries.pop_front() {
+                    f(cq, w, s);
                 }
             }
         }

@@ -222,6 +222,7 @@ impl Qp {
             Some(s) => {
                 let srq = ctx.srqs.get_mut(s)?;
                 let w = srq.queue.pop_front()?;
+                srq.taken += 1;
                 if srq.limit > 0 && srq.queue.len() < srq.limit {
                     srq.limit = 0;
                     ctx.events.push_back(AsyncEvent::SrqLimitReached { srq: s });

@@ -6,12 +6,17 @@
 //! - Control calls (`reg_mr`, `create_qp`, `modify_qp`, ...) run on the engine thread
 //!   and return its answer.
 //! - `post_send` / `post_recv` are checked in the caller's thread (state, queue room,
-//!   SGEs, inline size: the errors ibverbs returns) and then rung as doorbells through a
-//!   `crossbeam` channel; the engine thread sleeps only when idle and is woken by an
-//!   eventfd only then.
+//!   SGEs, inline size: the errors ibverbs returns), copied into the QP's own bounded
+//!   ring (a `crossbeam` `ArrayQueue` allocated with the QP) and rung as a doorbell: the
+//!   QP's number on its engine thread's doorbell queue, once until that thread drains
+//!   the ring. Posting allocates nothing and makes no system call unless the engine
+//!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd).
 //! - Completions reach each CQ through a lock-free `crossbeam` `ArrayQueue`; `Cq::wait`
 //!   sleeps on a condition variable that the engine thread touches only when someone
-//!   waits.
+//!   waits. `Cq::req_notify` arms the CQ in that shared state, so the next completion
+//!   handed over signals the CQ's [`CompChannel`] (a file descriptor to `poll()`).
+//! - A frame the engine sends to one of its own addresses (two QPs of the same device)
+//!   goes straight back into it, as rxe loops such packets back.
 //! - Memory regions are `Arc<Memory>`: the engine copies into and out of them with the
 //!   bounds-checked copies of `verbs::mr`, never through references, so sharing them
 //!   with the application's threads is safe.
@@ -25,7 +30,10 @@
 //!   arrives on another thread's queue is handed over through a pool of buffers
 //!   (counted as `forwarded`). UD QPs stay on thread 0; SRQs and memory windows need one thread.
 
+mod channel;
 mod worker;
+
+pub use channel::CompChannel;
 
 use crate::engine::Counters;
 use crate::link::xdp::XdpConfig;
@@ -38,7 +46,9 @@ use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -78,6 +88,40 @@ pub struct RuntimeConfig {
     /// queue the peer's UDP source port selects, as RSS would; frames that arrive on
     /// another thread's queue are handed over.
     pub threads: usize,
+    /// The interface whose state is the port's (up with a carrier: ACTIVE). Default:
+    /// the AF_XDP interface; the UDP link has none unless given one.
+    pub port_ifname: Option<String>,
+    /// Where asynchronous events go instead of [`Device::next_event`] (called on the
+    /// engine thread: it must not block).
+    pub event_hook: Option<EventHook>,
+}
+
+/// A function that takes the device's asynchronous events as they happen.
+#[derive(Clone)]
+pub struct EventHook(pub Arc<dyn Fn(AsyncEvent) + Send + Sync>);
+
+impl std::fmt::Debug for EventHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventHook")
+    }
+}
+
+/// Where the engine threads put asynchronous events.
+#[derive(Clone)]
+pub(crate) struct EventSink {
+    tx: crossbeam::channel::Sender<AsyncEvent>,
+    hook: Option<EventHook>,
+}
+
+impl EventSink {
+    pub(crate) fn send(&self, e: AsyncEvent) {
+        match &self.hook {
+            Some(h) => (h.0)(e),
+            None => {
+                let _ = self.tx.send(e);
+            }
+        }
+    }
 }
 
 impl RuntimeConfig {
@@ -96,6 +140,8 @@ impl RuntimeConfig {
             stats_file: None,
             port_mtu: None,
             threads: 1,
+            port_ifname: None,
+            event_hook: None,
         }
     }
 
@@ -136,9 +182,37 @@ type Call = Box<dyn FnOnce(&mut worker::Locals) + Send>;
 
 pub(crate) enum Cmd {
     Call(Call),
-    PostSend(u32, Box<SendWr>),
-    PostRecv(u32, RecvWr),
-    PostSrqRecv(u32, RecvWr),
+}
+
+/// Doorbells of SRQs carry this bit (QP numbers have 24 bits).
+pub(crate) const SRQ_BELL: u32 = 1 << 31;
+
+/// Most WRs a QP's or SRQ's ring holds before posting waits for the engine thread to
+/// take some (the queue's own depth, counted separately, decides what is refused as
+/// full): bounds the memory of deep queues to about 650 KiB of send WRs.
+const RING_MAX: usize = 1024;
+
+/// Copies `v` into `ring`, waiting while the engine thread catches up (the ring is
+/// smaller than a deep queue); `Err` if the engine stopped.
+fn push_waiting<T>(
+    ring: &ArrayQueue<T>,
+    mut v: T,
+    set: &worker::ShardSet,
+    k: usize,
+) -> Result<(), ()> {
+    loop {
+        match ring.push(v) {
+            Ok(()) => return Ok(()),
+            Err(back) => {
+                if set.stopped.load(Ordering::SeqCst) {
+                    return Err(());
+                }
+                v = back;
+                set.links[k].wake.ring();
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 /// The engine thread's wake-up line: an eventfd it polls while asleep.
@@ -185,6 +259,17 @@ struct Shared {
     netns: Option<String>,
 }
 
+impl Shared {
+    /// Rings QP (or SRQ) `id`'s doorbell on engine thread `k` unless it is rung already.
+    fn ring(&self, k: usize, rung: &AtomicBool, id: u32) -> bool {
+        if !rung.swap(true, Ordering::SeqCst) && !self.set.bell(k, id) {
+            return false;
+        }
+        self.set.links[k].wake.ring();
+        true
+    }
+}
+
 /// A started device. Cheap to clone; the engine stops when the last clone is dropped or
 /// `shutdown` is called.
 #[derive(Clone)]
@@ -195,25 +280,114 @@ pub struct Device {
 
 /// The state a CQ shares between the engine thread and its users.
 pub(crate) struct CqShared {
-    q: ArrayQueue<Wc>,
+    /// The completions waiting to be polled: a box owned by this struct, replaced only
+    /// by `resize` on the engine thread, which first waits for `readers` to drain.
+    q: AtomicPtr<ArrayQueue<Wc>>,
+    /// Pollers inside the queue right now.
+    readers: AtomicUsize,
     waiting: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
     overflowed: AtomicBool,
+    /// Armed by `req_notify`: 0 no, 1 the next completion, 2 the next solicited (or
+    /// unsuccessful) one.
+    armed: AtomicU8,
+    /// Where a completion event goes: the channel and the token it reports.
+    notify: Option<(Arc<CompChannel>, u64)>,
 }
 
 impl CqShared {
-    /// Queues a completion (engine thread). False when full.
-    pub(crate) fn push(&self, wc: Wc) -> bool {
-        if self.q.push(wc).is_err() {
+    fn new(depth: usize, notify: Option<(Arc<CompChannel>, u64)>) -> CqShared {
+        CqShared {
+            q: AtomicPtr::new(Box::into_raw(Box::new(ArrayQueue::new(depth.max(1))))),
+            readers: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+            overflowed: AtomicBool::new(false),
+            armed: AtomicU8::new(0),
+            notify,
+        }
+    }
+
+    /// Runs `f` on the current queue, counted as a reader so `resize` waits for it.
+    #[inline]
+    fn with_q<R>(&self, f: impl FnOnce(&ArrayQueue<Wc>) -> R) -> R {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: the pointer is a live box: `resize` frees an old one only after
+        // swapping it out and seeing no reader left, and we counted ourselves in before
+        // loading (both SeqCst, so a `resize` either waits for us or we see its new box).
+        let r = f(unsafe { &*self.q.load(Ordering::SeqCst) });
+        self.readers.fetch_sub(1, Ordering::Release);
+        r
+    }
+
+    /// Queues a completion (engine thread) and signals the channel if the CQ is armed
+    /// for it. False when full.
+    pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
+        // SAFETY: only the engine thread, which also runs `resize`, replaces the box,
+        // so it is live here without counting.
+        let q = unsafe { &*self.q.load(Ordering::Acquire) };
+        if q.push(wc).is_err() {
             self.overflowed.store(true, Ordering::SeqCst);
             return false;
+        }
+        // Against `req_notify`'s store and fence: either it sees this completion when
+        // it polls again, or this sees it armed (IBA 11.4.2.2: an event for a completion
+        // added after the request).
+        fence(Ordering::SeqCst);
+        let a = self.armed.load(Ordering::SeqCst);
+        if a != 0
+            && (a == 1 || solicited || wc.status != crate::verbs::WcStatus::Success)
+            && self.armed.swap(0, Ordering::SeqCst) != 0
+            && let Some((ch, token)) = &self.notify
+        {
+            ch.notify(*token);
         }
         if self.waiting.load(Ordering::SeqCst) > 0 {
             let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
             self.cv.notify_all();
         }
         true
+    }
+
+    fn is_empty(&self) -> bool {
+        self.with_q(|q| q.is_empty())
+    }
+
+    /// Replaces the queue by one of `depth` entries (engine thread): refused if more
+    /// completions wait than that.
+    fn resize(&self, depth: usize) -> Result<(), Error> {
+        // SAFETY: as in `push`, the engine thread's own view of the box is live.
+        let len = unsafe { &*self.q.load(Ordering::Acquire) }.len();
+        if depth == 0 || depth < len {
+            return Err(Error::InvalidAttribute {
+                name: "cqe",
+                value: depth as u64,
+                reason: "must be at least the completions the CQ holds",
+            });
+        }
+        let new = Box::into_raw(Box::new(ArrayQueue::new(depth)));
+        let old = self.q.swap(new, Ordering::SeqCst);
+        while self.readers.load(Ordering::SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        // SAFETY: `old` came from Box::into_raw, is no longer reachable through `q`, and
+        // no reader is left inside it: we own it again.
+        let old = unsafe { Box::from_raw(old) };
+        // SAFETY: `new` is the live box (only this thread replaces it).
+        let nq = unsafe { &*new };
+        while let Some(w) = old.pop() {
+            let _ = nq.push(w);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CqShared {
+    fn drop(&mut self) {
+        // SAFETY: the last owner: the box is ours to free, once.
+        drop(unsafe { Box::from_raw(*self.q.get_mut()) });
     }
 }
 
@@ -227,32 +401,53 @@ pub struct Cq {
 impl Cq {
     /// `ibv_poll_cq`: up to `out.len()` completions; how many were written.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            match self.sh.q.pop() {
-                Some(w) => {
-                    out[n] = w;
-                    n += 1;
+        self.sh.with_q(|q| {
+            let mut n = 0;
+            while n < out.len() {
+                match q.pop() {
+                    Some(w) => {
+                        out[n] = w;
+                        n += 1;
+                    }
+                    None => break,
                 }
-                None => break,
             }
-        }
-        n
+            n
+        })
+    }
+
+    /// Polls up to `max` completions, handing each to `f` (the C ABI converts them in
+    /// place): how many.
+    #[inline]
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(usize, Wc)) -> usize {
+        self.sh.with_q(|q| {
+            let mut n = 0;
+            while n < max {
+                match q.pop() {
+                    Some(w) => {
+                        f(n, w);
+                        n += 1;
+                    }
+                    None => break,
+                }
+            }
+            n
+        })
     }
 
     pub fn poll_one(&self) -> Option<Wc> {
-        self.sh.q.pop()
+        self.sh.with_q(|q| q.pop())
     }
 
     /// Waits until a completion is there (or `timeout` passes); true if one is.
     pub fn wait(&self, timeout: Duration) -> bool {
-        if !self.sh.q.is_empty() {
+        if !self.sh.is_empty() {
             return true;
         }
         self.sh.waiting.fetch_add(1, Ordering::SeqCst);
         let mut g = self.sh.lock.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = std::time::Instant::now() + timeout;
-        while self.sh.q.is_empty() {
+        while self.sh.is_empty() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
@@ -266,21 +461,42 @@ impl Cq {
         }
         drop(g);
         self.sh.waiting.fetch_sub(1, Ordering::SeqCst);
-        !self.sh.q.is_empty()
+        !self.sh.is_empty()
     }
 
     /// Polls one completion, waiting up to `timeout` for it.
     pub fn next(&self, timeout: Duration) -> Option<Wc> {
-        if let Some(w) = self.sh.q.pop() {
+        if let Some(w) = self.poll_one() {
             return Some(w);
         }
         self.wait(timeout);
-        self.sh.q.pop()
+        self.poll_one()
     }
 
     /// True once a completion could not be queued (the CQ was full).
     pub fn overflowed(&self) -> bool {
         self.sh.overflowed.load(Ordering::SeqCst)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (`solicited_only`: the next solicited or
+    /// unsuccessful one) added to this CQ signals its completion channel once. Arming for
+    /// any completion is not narrowed by a later solicited-only request (as rxe).
+    pub fn req_notify(&self, solicited_only: bool) {
+        if solicited_only {
+            let _ = self
+                .sh
+                .armed
+                .compare_exchange(0, 2, Ordering::SeqCst, Ordering::SeqCst);
+        } else {
+            self.sh.armed.store(1, Ordering::SeqCst);
+        }
+        // Pairs with the fence in `CqShared::push` (see there).
+        fence(Ordering::SeqCst);
+    }
+
+    /// The completion channel and token this CQ signals, if it has one.
+    pub fn channel(&self) -> Option<&(Arc<CompChannel>, u64)> {
+        self.sh.notify.as_ref()
     }
 }
 
@@ -298,6 +514,11 @@ pub(crate) struct QpShared {
     pub(crate) rq_done: AtomicU64,
     /// The engine thread that holds the QP.
     shard: AtomicUsize,
+    /// Send and receive WRs posted and not yet taken by the engine thread.
+    pub(crate) sq_ring: ArrayQueue<SendWr>,
+    pub(crate) rq_ring: ArrayQueue<RecvWr>,
+    /// The QP's number is on its engine thread's doorbell queue.
+    pub(crate) rung: AtomicBool,
 }
 
 fn state_of(v: u8) -> QpState {
@@ -318,6 +539,18 @@ impl QpShared {
     }
 }
 
+/// Takes one slot of a queue of `depth` whose `posted` and `done` counters say how full
+/// it is; false (and nothing taken) when it is full. Safe against posters in several
+/// threads: the slot is claimed first and given back if it was not there.
+fn claim(posted: &AtomicU64, done: &AtomicU64, depth: u32) -> bool {
+    let p = posted.fetch_add(1, Ordering::SeqCst);
+    if p.saturating_sub(done.load(Ordering::SeqCst)) >= u64::from(depth) {
+        posted.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
 /// A queue pair.
 #[derive(Clone)]
 pub struct Qp {
@@ -335,7 +568,13 @@ impl Qp {
         self.sh.qp_type
     }
 
-    /// `ibv_post_send`: checked here, executed by the engine thread.
+    /// The queue sizes it was created with.
+    pub fn cap(&self) -> QpCap {
+        self.sh.cap
+    }
+
+    /// `ibv_post_send`: checked here, executed by the engine thread. Allocates nothing;
+    /// makes a system call only to wake a sleeping engine thread.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
         let st = self.state();
         if matches!(st, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -351,18 +590,21 @@ impl Qp {
             self.dev.info.limits.max_msg_sz,
             wr,
         )?;
-        let posted = self.sh.sq_posted.load(Ordering::SeqCst);
-        let done = self.sh.sq_done.load(Ordering::SeqCst);
-        if posted.saturating_sub(done) >= u64::from(self.sh.cap.max_send_wr) {
+        if !claim(
+            &self.sh.sq_posted,
+            &self.sh.sq_done,
+            self.sh.cap.max_send_wr,
+        ) {
             return Err(Error::QueueFull {
                 what: "send",
                 owner: self.qpn,
                 depth: self.sh.cap.max_send_wr,
             });
         }
-        self.sh.sq_posted.fetch_add(1, Ordering::SeqCst);
         let k = self.sh.shard.load(Ordering::SeqCst);
-        if !self.dev.set.send(k, Cmd::PostSend(self.qpn, Box::new(*wr))) {
+        if push_waiting(&self.sh.sq_ring, *wr, &self.dev.set, k).is_err()
+            || !self.dev.ring(k, &self.sh.rung, self.qpn)
+        {
             return Err(stopped());
         }
         Ok(())
@@ -384,21 +626,99 @@ impl Qp {
         if wr.sg_list.len() > self.sh.cap.max_recv_sge as usize {
             return Err(Error::InvalidWr("more SGEs than the QP's max_recv_sge"));
         }
-        let posted = self.sh.rq_posted.load(Ordering::SeqCst);
-        let done = self.sh.rq_done.load(Ordering::SeqCst);
-        if posted.saturating_sub(done) >= u64::from(self.sh.cap.max_recv_wr) {
+        if !claim(
+            &self.sh.rq_posted,
+            &self.sh.rq_done,
+            self.sh.cap.max_recv_wr,
+        ) {
             return Err(Error::QueueFull {
                 what: "receive",
                 owner: self.qpn,
                 depth: self.sh.cap.max_recv_wr,
             });
         }
-        self.sh.rq_posted.fetch_add(1, Ordering::SeqCst);
         let k = self.sh.shard.load(Ordering::SeqCst);
-        if !self.dev.set.send(k, Cmd::PostRecv(self.qpn, *wr)) {
+        if push_waiting(&self.sh.rq_ring, *wr, &self.dev.set, k).is_err()
+            || !self.dev.ring(k, &self.sh.rung, self.qpn)
+        {
             return Err(stopped());
         }
         Ok(())
+    }
+}
+
+/// The state an SRQ shares between the engine thread and its users.
+pub(crate) struct SrqShared {
+    id: u32,
+    max_sge: u32,
+    max_wr: AtomicU32,
+    posted: AtomicU64,
+    /// WRs taken by QPs or refused by the engine (mirrored by the engine thread).
+    pub(crate) done: AtomicU64,
+    pub(crate) ring: ArrayQueue<RecvWr>,
+    pub(crate) rung: AtomicBool,
+}
+
+/// A shared receive queue.
+#[derive(Clone)]
+pub struct Srq {
+    pub id: u32,
+    sh: Arc<SrqShared>,
+    dev: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Srq({})", self.id)
+    }
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Qp(0x{:06x} {} {})",
+            self.qpn,
+            self.qp_type(),
+            self.state()
+        )
+    }
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cq({})", self.id)
+    }
+}
+
+impl Srq {
+    /// `ibv_post_srq_recv`: checked here (SGEs, room), executed by the engine thread.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<(), Error> {
+        if wr.sg_list.len() > self.sh.max_sge as usize {
+            return Err(Error::InvalidWr("more SGEs than the SRQ's max_sge"));
+        }
+        let depth = self.sh.max_wr.load(Ordering::SeqCst);
+        if !claim(&self.sh.posted, &self.sh.done, depth) {
+            return Err(Error::QueueFull {
+                what: "SRQ",
+                owner: self.id,
+                depth,
+            });
+        }
+        if push_waiting(&self.sh.ring, *wr, &self.dev.set, 0).is_err()
+            || !self.dev.ring(0, &self.sh.rung, SRQ_BELL | self.id)
+        {
+            return Err(stopped());
+        }
+        Ok(())
+    }
+
+    /// Receive WRs posted and not yet taken by a QP.
+    pub fn outstanding(&self) -> u64 {
+        self.sh
+            .posted
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.sh.done.load(Ordering::SeqCst))
     }
 }
 
@@ -412,7 +732,12 @@ fn stopped() -> Error {
 
 impl Device {
     /// Starts the engine thread(s) and the link; returns when both are up.
-    pub fn open(cfg: RuntimeConfig) -> Result<Device, RuntimeError> {
+    pub fn open(mut cfg: RuntimeConfig) -> Result<Device, RuntimeError> {
+        if cfg.port_ifname.is_none()
+            && let LinkKind::Xdp { ifname, .. } = &cfg.link
+        {
+            cfg.port_ifname = Some(ifname.clone());
+        }
         let threads = cfg.threads.max(1);
         if threads > 1 && !matches!(cfg.link, LinkKind::Xdp { .. }) {
             return Err(RuntimeError::Setup(
@@ -420,7 +745,11 @@ impl Device {
             ));
         }
         let set = Arc::new(worker::ShardSet::new(threads).map_err(RuntimeError::Setup)?);
-        let (ev_tx, ev_rx) = crossbeam::channel::unbounded();
+        let (tx, ev_rx) = crossbeam::channel::unbounded();
+        let ev_tx = EventSink {
+            tx,
+            hook: cfg.event_hook.clone(),
+        };
         let (ready_tx, ready_rx) = crossbeam::channel::bounded(1);
         let netns = cfg.netns.clone();
         let set2 = set.clone();
@@ -520,6 +849,11 @@ impl Device {
         self.verbs_all(|l| l.engine.alloc_pd())
     }
 
+    /// `ibv_dealloc_pd`: refused while MRs, windows, SRQs or QPs use it.
+    pub fn dealloc_pd(&self, pd: u32) -> Result<(), RuntimeError> {
+        self.verbs_all(move |l| l.engine.dealloc_pd(pd))
+    }
+
     pub fn reg_mr(
         &self,
         pd: u32,
@@ -528,8 +862,22 @@ impl Device {
         len: usize,
         access: AccessFlags,
     ) -> Result<MrInfo, RuntimeError> {
+        let iova = mem.addr().wrapping_add(offset as u64);
+        self.reg_mr_iova(pd, mem, offset, len, iova, access)
+    }
+
+    /// `ibv_reg_mr_iova2`: as `reg_mr`, with the address peers use chosen by the caller.
+    pub fn reg_mr_iova(
+        &self,
+        pd: u32,
+        mem: &Arc<Memory>,
+        offset: usize,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MrInfo, RuntimeError> {
         let m = mem.clone();
-        let info = self.verbs(move |l| l.engine.reg_mr(pd, &m, offset, len, access))?;
+        let info = self.verbs(move |l| l.engine.reg_mr_iova(pd, &m, offset, len, iova, access))?;
         for k in 1..self.threads() {
             let m = mem.clone();
             self.call_on(k, move |l| l.engine.reg_mr_replica(&info, &m, offset))??;
@@ -563,13 +911,17 @@ impl Device {
 
     /// `ibv_create_cq` with `depth` entries.
     pub fn create_cq(&self, depth: usize) -> Result<Cq, RuntimeError> {
-        let sh = Arc::new(CqShared {
-            q: ArrayQueue::new(depth.max(1)),
-            waiting: AtomicUsize::new(0),
-            lock: Mutex::new(()),
-            cv: Condvar::new(),
-            overflowed: AtomicBool::new(false),
-        });
+        self.create_cq_with(depth, None)
+    }
+
+    /// `ibv_create_cq` with a completion channel: after `Cq::req_notify`, the next
+    /// completion queues `token` on `channel` (the C ABI passes the `ibv_cq` address).
+    pub fn create_cq_with(
+        &self,
+        depth: usize,
+        channel: Option<(Arc<CompChannel>, u64)>,
+    ) -> Result<Cq, RuntimeError> {
+        let sh = Arc::new(CqShared::new(depth, channel));
         let s2 = sh.clone();
         let id = self.verbs_all(move |l| {
             let id = l.engine.create_cq(depth)?;
@@ -579,11 +931,41 @@ impl Device {
         Ok(Cq { id, sh })
     }
 
+    /// `ibv_destroy_cq`: refused while QPs use it. Completion events it still had queued
+    /// on its channel are taken out.
+    pub fn destroy_cq(&self, cq: &Cq) -> Result<(), RuntimeError> {
+        let id = cq.id;
+        self.verbs_all(move |l| {
+            l.engine.destroy_cq(id)?;
+            l.cqs.remove(&id);
+            Ok(())
+        })?;
+        if let Some((ch, token)) = cq.channel() {
+            ch.forget(*token);
+        }
+        Ok(())
+    }
+
+    /// `ibv_resize_cq`: the CQ holds `depth` completions from now on (refused below the
+    /// number it holds).
+    pub fn resize_cq(&self, cq: &Cq, depth: usize) -> Result<(), RuntimeError> {
+        let (id, sh) = (cq.id, cq.sh.clone());
+        self.verbs_all(move |l| {
+            l.engine.resize_cq(id, depth)?;
+            sh.resize(depth)
+        })
+    }
+
     /// `ibv_create_qp`.
     pub fn create_qp(&self, init: &QpInitAttr) -> Result<Qp, RuntimeError> {
         let init = *init;
         let sh = self.verbs(move |l| {
             let qpn = l.engine.create_qp(&init)?;
+            let rq = if init.srq.is_some() {
+                1
+            } else {
+                init.cap.max_recv_wr as usize
+            };
             let sh = Arc::new(QpShared {
                 qpn,
                 qp_type: init.qp_type,
@@ -595,6 +977,9 @@ impl Device {
                 rq_posted: AtomicU64::new(0),
                 rq_done: AtomicU64::new(0),
                 shard: AtomicUsize::new(0),
+                sq_ring: ArrayQueue::new((init.cap.max_send_wr as usize).clamp(1, RING_MAX)),
+                rq_ring: ArrayQueue::new(rq.clamp(1, RING_MAX)),
+                rung: AtomicBool::new(false),
             });
             l.qps.insert(qpn, (sh.clone(), 0, 0));
             l.set
@@ -611,13 +996,27 @@ impl Device {
         })
     }
 
-    /// `ibv_modify_qp`. An address vector without a destination MAC is completed from
-    /// the kernel's neighbour table first, resolving the address if it is missing.
+    /// Completes an address vector with the next hop's MAC: its own `dmac` if set, this
+    /// device's MAC for one of its own GIDs (looped back, never sent), else the kernel's
+    /// neighbour table, resolving the address if it is missing. The UDP link needs none.
+    pub fn complete_av(&self, av: &mut AddressVector) -> Result<(), RuntimeError> {
+        if av.dmac.is_some() || self.sh.info.udp {
+            return Ok(());
+        }
+        if self.sh.info.gids.contains(&av.dgid) {
+            av.dmac = Some(self.sh.info.mac);
+            return Ok(());
+        }
+        av.dmac = Some(self.resolve(crate::verbs::device::ip_of(&av.dgid))?);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp`. An address vector without a destination MAC is completed first
+    /// (`complete_av`).
     pub fn modify_qp(&self, qp: &Qp, attr: &QpAttr, mask: QpAttrMask) -> Result<(), RuntimeError> {
         let mut attr = *attr;
-        if mask.contains(QpAttrMask::AV) && attr.ah_attr.dmac.is_none() && !self.sh.info.udp {
-            attr.ah_attr.dmac =
-                Some(self.resolve(crate::verbs::device::ip_of(&attr.ah_attr.dgid))?);
+        if mask.contains(QpAttrMask::AV) {
+            self.complete_av(&mut attr.ah_attr)?;
         }
         if self.threads() > 1
             && mask.contains(QpAttrMask::STATE)
@@ -727,21 +1126,74 @@ impl Device {
     }
 
     /// `ibv_create_srq`.
-    pub fn create_srq(&self, pd: u32, max_wr: u32, max_sge: u32) -> Result<u32, RuntimeError> {
+    pub fn create_srq(&self, pd: u32, max_wr: u32, max_sge: u32) -> Result<Srq, RuntimeError> {
         if self.threads() > 1 {
             // Its receives would be consumed by QPs on several engine threads.
             return Err(RuntimeError::Setup(
                 "SRQs need a device with one engine thread (threads = 1)".into(),
             ));
         }
-        self.verbs(move |l| l.engine.create_srq(pd, max_wr, max_sge))
+        let sh = self.verbs(move |l| {
+            let id = l.engine.create_srq(pd, max_wr, max_sge)?;
+            let sh = Arc::new(SrqShared {
+                id,
+                max_sge,
+                max_wr: AtomicU32::new(max_wr),
+                posted: AtomicU64::new(0),
+                done: AtomicU64::new(0),
+                ring: ArrayQueue::new((max_wr as usize).clamp(1, RING_MAX)),
+                rung: AtomicBool::new(false),
+            });
+            l.srqs.insert(id, (sh.clone(), 0));
+            Ok(sh)
+        })?;
+        Ok(Srq {
+            id: sh.id,
+            sh,
+            dev: self.sh.clone(),
+        })
     }
 
-    pub fn post_srq_recv(&self, srq: u32, wr: &RecvWr) -> Result<(), RuntimeError> {
-        if !self.sh.set.send(0, Cmd::PostSrqRecv(srq, *wr)) {
-            return Err(RuntimeError::Stopped);
-        }
-        Ok(())
+    /// `ibv_modify_srq`: a new `max_wr` (resize) and/or an armed limit (see
+    /// `Engine::modify_srq`).
+    pub fn modify_srq(
+        &self,
+        srq: &Srq,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), RuntimeError> {
+        let (id, sh) = (srq.id, srq.sh.clone());
+        self.verbs(move |l| {
+            // The WRs still in the ring count as held by the SRQ.
+            worker::drain_srq(l, id);
+            l.engine.modify_srq(id, max_wr, limit)?;
+            if let Some(m) = max_wr {
+                sh.max_wr.store(m, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+
+    /// `ibv_query_srq`: (max_wr, max_sge, srq_limit).
+    pub fn query_srq(&self, srq: &Srq) -> Result<(u32, u32, u32), RuntimeError> {
+        let id = srq.id;
+        self.verbs(move |l| l.engine.query_srq(id))
+    }
+
+    /// `ibv_destroy_srq`: refused while QPs use it.
+    pub fn destroy_srq(&self, srq: &Srq) -> Result<(), RuntimeError> {
+        let id = srq.id;
+        self.verbs(move |l| {
+            l.engine.destroy_srq(id)?;
+            l.srqs.remove(&id);
+            Ok(())
+        })
+    }
+
+    /// True while the port is active: its interface up with a carrier (always, without
+    /// an interface to watch).
+    pub fn port_active(&self) -> bool {
+        self.sh.set.port_up.load(Ordering::SeqCst)
     }
 
     /// The next asynchronous event, waiting up to `timeout`.
@@ -814,6 +1266,7 @@ impl Device {
 
     /// Stops the engine: every QP to ERR (its WRs flushed), XDP detached, UMEM freed.
     pub fn shutdown(&self) {
+        self.sh.set.stopped.store(true, Ordering::SeqCst);
         let _ = self.sh.set.links[0]
             .cmds
             .send(Cmd::Call(Box::new(|l| l.stop = true)));
@@ -838,3 +1291,5 @@ impl Drop for Device {
 
 /// Engine-thread-side registries, passed to control calls.
 pub(crate) type QpRegistry = HashMap<u32, (Arc<QpShared>, u64, u64)>;
+/// SRQ -> (shared state, receive WRs refused).
+pub(crate) type SrqRegistry = HashMap<u32, (Arc<SrqShared>, u64)>;

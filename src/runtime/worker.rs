@@ -6,7 +6,10 @@
 //! nothing to do, the thread sleeps in poll(2) on the link's descriptors and an eventfd
 //! until a frame, a doorbell or the next timer (unless `busy_poll`).
 
-use super::{Cmd, CqShared, DeviceInfo, LinkKind, QpRegistry, RuntimeConfig};
+use super::{
+    Cmd, CqShared, DeviceInfo, EventSink, LinkKind, QpRegistry, RuntimeConfig, SRQ_BELL,
+    SrqRegistry,
+};
 use crate::capture::Writer;
 use crate::engine::{Counters, Engine};
 use crate::link::FrameLink;
@@ -33,12 +36,14 @@ pub(crate) struct Locals {
     pub cqs: HashMap<u32, Arc<CqShared>>,
     /// QP -> (shared state, send WRs refused, receive WRs refused).
     pub qps: QpRegistry,
+    /// SRQ -> (shared state, receive WRs refused).
+    pub srqs: SrqRegistry,
     pub stop: bool,
     /// This engine thread's index among the device's.
     pub me: usize,
     pub set: Arc<ShardSet>,
-    /// Doorbells for a QP on its way here from another engine thread.
-    pub held: Vec<Cmd>,
+    /// Doorbells of QPs on their way here from another engine thread.
+    pub held: Vec<u32>,
 }
 
 /// Counters of a running device: the engine's, the XDP program's, the link's.
@@ -283,6 +288,13 @@ fn setup(cfg: &RuntimeConfig) -> Result<(Engine, AnyLink, DeviceInfo), String> {
 /// pool of buffers to hand frames over in.
 pub(crate) struct ShardSet {
     pub links: Vec<ShardLink>,
+    /// Each engine thread's doorbells: QPs (and SRQs, with `SRQ_BELL`) whose rings hold
+    /// WRs. A QP is on at most one queue at a time (its `rung` flag), so these never fill.
+    pub bells: Vec<ArrayQueue<u32>>,
+    /// Set when the engine threads stop: posting then fails instead of waiting.
+    pub stopped: AtomicBool,
+    /// The port's state, from its interface (shard 0 watches it).
+    pub port_up: AtomicBool,
     /// QP -> the shard whose engine holds it.
     pub owners: RwLock<HashMap<u32, usize>>,
     /// Frames received by one shard for another's QP.
@@ -310,7 +322,9 @@ impl ShardSet {
         let mut links = Vec::new();
         let mut fwd = Vec::new();
         let mut stats = Vec::new();
+        let mut bells = Vec::new();
         for _ in 0..n {
+            bells.push(ArrayQueue::new(BELLS));
             let (tx, rx) = crossbeam::channel::unbounded();
             links.push(ShardLink {
                 cmds: tx,
@@ -328,6 +342,9 @@ impl ShardSet {
         }
         Ok(ShardSet {
             links,
+            bells,
+            stopped: AtomicBool::new(false),
+            port_up: AtomicBool::new(true),
             owners: RwLock::new(HashMap::new()),
             fwd,
             pool,
@@ -347,6 +364,11 @@ impl ShardSet {
             .copied()
     }
 
+    /// Puts doorbell `id` on shard `k`'s queue (the caller wakes it).
+    pub(crate) fn bell(&self, k: usize, id: u32) -> bool {
+        self.bells.get(k).is_some_and(|b| b.push(id).is_ok())
+    }
+
     /// Sends `c` to shard `k` and wakes it.
     pub(crate) fn send(&self, k: usize, c: Cmd) -> bool {
         let Some(l) = self.links.get(k) else {
@@ -360,11 +382,16 @@ impl ShardSet {
 
 /// Buffers in flight between shards at most (frames beyond it are dropped and counted).
 const FWD_POOL: usize = 1024;
+/// Room on each doorbell queue: every QP and SRQ a device may have, once each.
+const BELLS: usize = 0x10000 + 0x1000;
+/// Most looped-back frames (a device's QPs talking to each other) handled per send
+/// batch, so a busy local conversation cannot starve the link.
+const LOOPBACK_BATCH: usize = 64;
 
 pub(crate) fn run(
     cfg: RuntimeConfig,
     set: Arc<ShardSet>,
-    events: Sender<AsyncEvent>,
+    events: EventSink,
     ready: Sender<Result<DeviceInfo, String>>,
 ) {
     let (engine, link, mut info) = match setup(&cfg) {
@@ -430,6 +457,12 @@ pub(crate) fn run(
             n - 1
         );
     }
+    if let Some(name) = &cfg.port_ifname {
+        let up = crate::host::Interface::find(name)
+            .and_then(|i| i.is_running())
+            .unwrap_or(false);
+        set.port_up.store(up, Ordering::SeqCst);
+    }
     tracing::info!("engine up: {}", info.link);
     let _ = ready.send(Ok(info));
     shard_loop(0, cfg, engine, link, set, events, tap, others);
@@ -446,7 +479,7 @@ fn shard_loop(
     engine: Engine,
     mut link: AnyLink,
     set: Arc<ShardSet>,
-    events: Sender<AsyncEvent>,
+    events: EventSink,
     tap: Tap,
     others: Vec<std::thread::JoinHandle<()>>,
 ) {
@@ -461,6 +494,7 @@ fn shard_loop(
         engine,
         cqs: HashMap::new(),
         qps: HashMap::new(),
+        srqs: HashMap::new(),
         stop: false,
         me,
         set: set.clone(),
@@ -477,6 +511,7 @@ fn shard_loop(
     };
     let mut idle = 0u32;
     let mut last_pub = Instant::now();
+    let mut last_port = Instant::now();
     let mut last_file = Instant::now();
     let mut fds = link.get().fds();
     fds.push(wake_fd);
@@ -513,6 +548,11 @@ fn shard_loop(
         }
         if l.stop {
             break;
+        }
+        // Doorbells: WRs posted since the last round.
+        while let Some(b) = set.bells[me].pop() {
+            work += 1;
+            ring(&mut l, b);
         }
         let t = now();
         // Frames another shard received for our QPs.
@@ -563,20 +603,35 @@ fn shard_loop(
             l.engine.handle_timeout(t);
             work += 1;
         }
-        // Frames to send.
+        // Frames to send; those for our own addresses go straight back in.
         {
             let engine = &mut l.engine;
+            let mut looped = 0usize;
             work += link.get().send(&mut |buf| {
-                let k = engine.poll_transmit(t, buf)?;
-                record(&buf[..k], t);
-                Some(k)
+                loop {
+                    let k = engine.poll_transmit(t, buf)?;
+                    record(&buf[..k], t);
+                    if !engine.is_loopback(&buf[..k]) {
+                        return Some(k);
+                    }
+                    engine.handle_frame(t, &buf[..k]);
+                    looped += 1;
+                    if looped >= LOOPBACK_BATCH {
+                        return None;
+                    }
+                }
             });
+            work += looped;
             link.get().flush();
         }
         // Completions, states, events.
         deliver(&mut l, &events, &mut overflowed_cqs);
         if last_pub.elapsed() > Duration::from_millis(50) {
             last_pub = Instant::now();
+            if me == 0 && last_port.elapsed() > PORT_WATCH {
+                last_port = Instant::now();
+                watch_port(cfg.port_ifname.as_deref(), &set.port_up, &events);
+            }
             let s = Stats {
                 counters: *l.engine.counters(),
                 xdp: link.xdp_stats(),
@@ -614,8 +669,17 @@ fn shard_loop(
             Some(d) => Duration::from_nanos(d.0.saturating_sub(now().0)).min(MAX_SLEEP),
             None => MAX_SLEEP,
         };
-        sleep(&fds, wake_fd, &sleeping, timeout, &cmds, &fwd_rx);
+        sleep(
+            &fds,
+            wake_fd,
+            &sleeping,
+            timeout,
+            &cmds,
+            &fwd_rx,
+            &set.bells[me],
+        );
     }
+    set.stopped.store(true, Ordering::SeqCst);
     // Shutdown: flush every QP, hand out the last completions.
     let qpns: Vec<u32> = l.qps.keys().copied().collect();
     for q in qpns {
@@ -663,6 +727,7 @@ fn sleep(
     timeout: Duration,
     cmds: &Receiver<Cmd>,
     fwd: &Receiver<Vec<u8>>,
+    bells: &ArrayQueue<u32>,
 ) {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
@@ -676,7 +741,7 @@ fn sleep(
     // Raise the flag, then look at the doorbells once more: a caller either sees the flag
     // and rings the eventfd, or rang before and its command is seen here.
     sleeping.store(true, Ordering::SeqCst);
-    if cmds.is_empty() && fwd.is_empty() {
+    if cmds.is_empty() && fwd.is_empty() && bells.is_empty() {
         // SAFETY: `p` is a valid array of pollfd of the given length.
         unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
     }
@@ -689,55 +754,104 @@ fn sleep(
 fn apply(l: &mut Locals, c: Cmd) {
     match c {
         Cmd::Call(f) => f(l),
-        Cmd::PostSend(qpn, _) | Cmd::PostRecv(qpn, _)
-            if l.set.len() > 1 && !l.engine.has_qp(qpn) && l.set.owner(qpn).is_some() =>
-        {
-            match l.set.owner(qpn) {
-                // The QP is on its way here: hold the doorbell until it arrives.
-                Some(o) if o == l.me => l.held.push(c),
-                // The QP moved away: hand the doorbell on.
-                Some(o) => {
-                    l.set.send(o, c);
-                }
-                None => {}
-            }
+    }
+}
+
+/// Takes the WRs a doorbell announces out of their ring into the engine.
+fn ring(l: &mut Locals, bell: u32) {
+    if bell & SRQ_BELL != 0 {
+        drain_srq(l, bell & !SRQ_BELL);
+        return;
+    }
+    let qpn = bell;
+    let Some((sh, _, _)) = l.qps.get(&qpn) else {
+        match l.set.owner(qpn) {
+            // The QP is on its way here: hold the doorbell until it arrives.
+            Some(o) if o == l.me => l.held.push(qpn),
+            // The QP moved away: hand the doorbell on.
+            Some(o) if l.set.bell(o, qpn) => l.set.links[o].wake.ring(),
+            Some(_) => {}
+            None => {}
         }
-        Cmd::PostSend(qpn, wr) => {
-            if let Err(e) = l.engine.post_send(qpn, &wr) {
-                tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
-                if let Some(x) = l.qps.get_mut(&qpn) {
-                    x.1 += 1;
-                }
-            }
+        return;
+    };
+    let sh = sh.clone();
+    // Lowered before draining: a WR posted after this point rings again.
+    sh.rung.store(false, Ordering::SeqCst);
+    let (mut sref, mut rref) = (0u64, 0u64);
+    while let Some(wr) = sh.sq_ring.pop() {
+        if let Err(e) = l.engine.post_send(qpn, &wr) {
+            tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
+            sref += 1;
         }
-        Cmd::PostRecv(qpn, wr) => {
-            if let Err(e) = l.engine.post_recv(qpn, &wr) {
-                tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
-                if let Some(x) = l.qps.get_mut(&qpn) {
-                    x.2 += 1;
-                }
-            }
+    }
+    while let Some(wr) = sh.rq_ring.pop() {
+        if let Err(e) = l.engine.post_recv(qpn, &wr) {
+            tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
+            rref += 1;
         }
-        Cmd::PostSrqRecv(srq, wr) => {
-            if let Err(e) = l.engine.post_srq_recv(srq, &wr) {
-                tracing::warn!("receive WR {} on SRQ {srq} refused: {e}", wr.wr_id);
-            }
+    }
+    if sref + rref > 0
+        && let Some(x) = l.qps.get_mut(&qpn)
+    {
+        x.1 += sref;
+        x.2 += rref;
+    }
+}
+
+/// Moves the receive WRs posted to SRQ `id` into the engine.
+pub(crate) fn drain_srq(l: &mut Locals, id: u32) {
+    let Some((sh, _)) = l.srqs.get(&id) else {
+        return;
+    };
+    let sh = sh.clone();
+    sh.rung.store(false, Ordering::SeqCst);
+    let mut refused = 0u64;
+    while let Some(wr) = sh.ring.pop() {
+        if let Err(e) = l.engine.post_srq_recv(id, &wr) {
+            tracing::warn!("receive WR {} on SRQ {id} refused: {e}", wr.wr_id);
+            refused += 1;
         }
+    }
+    if let Some(x) = l.srqs.get_mut(&id) {
+        x.1 += refused;
     }
 }
 
 /// Applies the doorbells held for `qpn` now that it has arrived.
 pub(crate) fn replay_held(l: &mut Locals, qpn: u32) {
     let held = std::mem::take(&mut l.held);
-    for c in held {
-        match &c {
-            Cmd::PostSend(q, _) | Cmd::PostRecv(q, _) if *q != qpn => l.held.push(c),
-            _ => apply(l, c),
+    for b in held {
+        if b == qpn {
+            ring(l, b);
+        } else {
+            l.held.push(b);
         }
     }
 }
 
-fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32>) {
+/// How often shard 0 looks at the port's interface.
+const PORT_WATCH: Duration = Duration::from_millis(500);
+
+/// Follows the port's interface: up with a carrier is ACTIVE; a change raises
+/// PORT_ACTIVE or PORT_ERR, as rxe reports its netdev's events.
+fn watch_port(ifname: Option<&str>, up: &AtomicBool, events: &EventSink) {
+    let Some(name) = ifname else {
+        return;
+    };
+    let now = crate::host::Interface::find(name)
+        .and_then(|i| i.is_running())
+        .unwrap_or(false);
+    if up.swap(now, Ordering::SeqCst) != now {
+        events.send(if now {
+            AsyncEvent::PortActive
+        } else {
+            AsyncEvent::PortErr
+        });
+    }
+}
+
+fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
     // Queue occupancy first: a caller that sees a completion must also see its slot
     // free, or a repost right after polling would be refused as a full queue.
     let qps = &l.qps;
@@ -752,9 +866,13 @@ fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32
     });
     let cqs = &l.cqs;
     let mut lost: Vec<(u32, u32)> = Vec::new();
-    l.engine.take_touched_cqs(|cq, wc| {
+    for (id, (sh, refused)) in &l.srqs {
+        sh.done
+            .store(l.engine.srq_taken(*id) + refused, Ordering::SeqCst);
+    }
+    l.engine.take_touched_cqs(|cq, wc, solicited| {
         if let Some(c) = cqs.get(&cq)
-            && !c.push(wc)
+            && !c.push(wc, solicited)
         {
             lost.push((cq, wc.qp_num));
         }
@@ -763,7 +881,7 @@ fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32
         // A completion could not be handed over: the CQ overflowed (IBA 11.4.2.1).
         if !overflowed.contains(&cq) {
             overflowed.push(cq);
-            let _ = events.send(AsyncEvent::CqErr { cq });
+            events.send(AsyncEvent::CqErr { cq });
         }
         let a = QpAttr {
             qp_state: QpState::Err,
@@ -772,7 +890,7 @@ fn deliver(l: &mut Locals, events: &Sender<AsyncEvent>, overflowed: &mut Vec<u32
         let _ = l.engine.modify_qp(qpn, &a, QpAttrMask::STATE);
     }
     while let Some(e) = l.engine.poll_event() {
-        let _ = events.send(e);
+        events.send(e);
     }
 }
 

@@ -10,7 +10,9 @@ use std::collections::VecDeque;
 pub struct Cq {
     pub(crate) id: u32,
     pub(crate) depth: usize,
-    pub(crate) entries: VecDeque<Wc>,
+    /// Completions, each with whether it is solicited (a receive of a message whose last
+    /// packet had SE set), which decides the wake-up of a solicited-only waiter.
+    pub(crate) entries: VecDeque<(Wc, bool)>,
     pub(crate) overflowed: bool,
     /// Armed by `req_notify_cq`: `Some(solicited_only)`.
     pub(crate) armed: Option<bool>,
@@ -34,12 +36,12 @@ impl Cq {
     }
 
     /// Queues a completion; false if the CQ is full (or already overflowed).
-    pub(crate) fn push(&mut self, wc: Wc) -> bool {
+    pub(crate) fn push(&mut self, wc: Wc, solicited: bool) -> bool {
         if self.overflowed || self.entries.len() >= self.depth {
             self.overflowed = true;
             return false;
         }
-        self.entries.push_back(wc);
+        self.entries.push_back((wc, solicited));
         true
     }
 
@@ -71,6 +73,9 @@ pub struct Srq {
     pub(crate) limit: usize,
     pub(crate) queue: VecDeque<RecvWr>,
     pub(crate) users: u32,
+    /// Receive WRs taken from the queue by QPs so far (what a threaded runtime mirrors
+    /// to check `max_wr` in the caller's thread).
+    pub(crate) taken: u64,
 }
 
 impl Srq {
@@ -83,6 +88,7 @@ impl Srq {
             limit: 0,
             queue: VecDeque::with_capacity(max_wr.min(4096)),
             users: 0,
+            taken: 0,
         }
     }
     pub fn id(&self) -> u32 {

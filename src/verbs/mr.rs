@@ -5,6 +5,12 @@
 //! copies ([`Memory::read`], [`Memory::write`]) and 8-byte atomics for RDMA atomics, so
 //! no input from the wire can make the engine touch memory outside a registered range.
 //!
+//! A `Memory` can also be borrowed from the application ([`Memory::borrowed`]): the C
+//! ABI registers a program's own buffers where they lie (malloc'd, mmap'd, on the stack)
+//! instead of copying them. The engine then must not touch them once `ibv_dereg_mr` has
+//! returned, so a borrowed region that work in flight still holds cannot be deregistered
+//! (`Engine::dereg_mr` answers busy, as `ibv_dereg_mr` does).
+//!
 //! As with ibverbs, the application must not read or write a range while a posted work
 //! request or a remote peer may be accessing it: the bytes it sees are then unspecified.
 //!
@@ -33,10 +39,13 @@ pub struct OutOfBounds {
     pub size: usize,
 }
 
-/// A page-aligned, zero-initialised buffer shared by the application and the engine.
+/// A page-aligned, zero-initialised buffer shared by the application and the engine, or
+/// a range of the application's own memory it lent ([`Memory::borrowed`]).
 pub struct Memory {
     ptr: NonNull<u8>,
     len: usize,
+    /// Allocated by `new` (and freed on drop), or lent by the application.
+    owned: bool,
 }
 
 // SAFETY: `Memory` owns its allocation and hands out no references to its bytes; every
@@ -55,7 +64,32 @@ impl Memory {
         // SAFETY: the layout has a non-zero size (at least one byte) and a valid alignment.
         let p = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        Arc::new(Memory { ptr, len })
+        Arc::new(Memory {
+            ptr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// The application's `len` bytes at `ptr`, used in place and never freed here.
+    ///
+    /// # Safety
+    /// The range must be mapped, readable (and writable if anything will write to it)
+    /// and stay so for as long as the engine may access it: until the region over it is
+    /// deregistered with nothing in flight holding it. `ptr` may be null only if `len`
+    /// is 0.
+    pub unsafe fn borrowed(ptr: *mut u8, len: usize) -> Arc<Memory> {
+        let ptr = NonNull::new(ptr).unwrap_or(NonNull::dangling());
+        Arc::new(Memory {
+            ptr,
+            len,
+            owned: false,
+        })
+    }
+
+    /// True when the bytes belong to the application ([`Memory::borrowed`]).
+    pub fn is_borrowed(&self) -> bool {
+        !self.owned
     }
 
     fn layout(len: usize) -> Layout {
@@ -148,25 +182,28 @@ impl Memory {
         Ok(v)
     }
 
-    /// The 8 bytes at `offset` as an atomic, for RDMA atomics. `None` unless `offset` is a
-    /// multiple of 8 and the 8 bytes are inside the memory.
+    /// The 8 bytes at `offset` as an atomic, for RDMA atomics. `None` unless their
+    /// address is a multiple of 8 and the 8 bytes are inside the memory.
     #[inline]
     pub fn atomic_u64(&self, offset: usize) -> Option<&AtomicU64> {
-        if !offset.is_multiple_of(8) || self.check(offset, 8).is_err() {
+        let addr = (self.ptr.as_ptr() as usize).wrapping_add(offset);
+        if !addr.is_multiple_of(8) || self.check(offset, 8).is_err() {
             return None;
         }
-        // SAFETY: in bounds (checked), 8-byte aligned (the base is page-aligned and the
-        // offset a multiple of 8), and the allocation outlives `&self`. `AtomicU64` has
-        // the size and alignment of `u64`, and all other accesses to these bytes are raw
-        // copies, never references, so no `&mut` aliases it.
+        // SAFETY: in bounds (checked), 8-byte aligned (the address was checked), and the
+        // memory outlives `&self` (owned, or lent under `borrowed`'s contract).
+        // `AtomicU64` has the size and alignment of `u64`, and all other accesses to these
+        // bytes are raw copies, never references, so no `&mut` aliases it.
         Some(unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(offset).cast::<u64>()) })
     }
 }
 
 impl Drop for Memory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout and not freed since.
-        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
+        if self.owned {
+            // SAFETY: allocated in `new` with this layout and not freed since.
+            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
+        }
     }
 }
 
@@ -333,6 +370,27 @@ mod tests {
         assert!(m.atomic_u64(4).is_none());
         assert!(m.atomic_u64(64).is_none());
         assert!(m.atomic_u64(56).is_some());
+    }
+
+    #[test]
+    fn borrowed_memory_is_used_in_place_and_aligned_by_address() {
+        let mut buf = [0u64; 4];
+        let base = buf.as_mut_ptr().cast::<u8>();
+        // SAFETY: the 28 bytes from base+4 lie inside `buf`, which outlives `m`.
+        let m = unsafe { Memory::borrowed(base.add(4), 28) };
+        assert!(m.is_borrowed() && !Memory::new(1).is_borrowed());
+        m.write(0, &[0xaa; 4]).unwrap();
+        assert!(m.write(25, &[1; 4]).is_err());
+        // Offset 4 of the lent range is the 8-aligned address base+8; offset 0 is not.
+        assert!(m.atomic_u64(0).is_none());
+        m.atomic_u64(4).unwrap().fetch_add(7, Ordering::SeqCst);
+        assert!(m.atomic_u64(24).is_none(), "only 4 bytes left");
+        drop(m);
+        assert_eq!(buf[0].to_ne_bytes()[4..], [0xaa; 4]);
+        assert_eq!(buf[1], 7);
+        // SAFETY: an empty range needs no memory at all.
+        let e = unsafe { Memory::borrowed(std::ptr::null_mut(), 0) };
+        assert!(e.read(0, &mut []).is_ok() && e.read(0, &mut [0]).is_err());
     }
 
     #[test]

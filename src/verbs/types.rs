@@ -432,6 +432,10 @@ pub enum AsyncEvent {
     SrqLimitReached { srq: u32 },
     /// A completion arrived on a CQ armed with `req_notify_cq`.
     CompletionNotify { cq: u32 },
+    /// The port became active: its interface is up with a carrier (IBV_EVENT_PORT_ACTIVE).
+    PortActive,
+    /// The port went down with its interface (IBV_EVENT_PORT_ERR).
+    PortErr,
 }
 
 #[cfg(test)]
