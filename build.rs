@@ -1,6 +1,11 @@
 //! Compiles the XDP program in `bpf/` with clang (through libbpf-cargo's
 //! `SkeletonBuilder`) into `$OUT_DIR/roce.bpf.o`, which `src/link/bpf.rs` embeds and
 //! loads with libbpf-rs.
+//!
+//! Generates the C ABI's structures from the installed rdma-core headers with bindgen
+//! (`$OUT_DIR/verbs_sys.rs`, included by `src/cabi/sys.rs`; its layout tests fail the
+//! build if a structure differs), and gives the cdylib its SONAME and libibverbs'
+//! symbol version nodes (`src/cabi/libibverbs.map`, applied through `tools/roce-xdp-cc`).
 
 use libbpf_cargo::SkeletonBuilder;
 use std::env;
@@ -24,4 +29,34 @@ fn main() {
             )
         });
     println!("cargo:rerun-if-changed={src}");
+    verbs_bindings(&out);
+    let manifest = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={manifest}/src/cabi/libibverbs.map");
+    println!("cargo:rerun-if-changed=src/cabi/libibverbs.map");
+}
+
+/// The verbs structures, enums and constants, as the system's headers declare them.
+fn verbs_bindings(out: &std::path::Path) {
+    let header = "src/cabi/verbs.h";
+    println!("cargo:rerun-if-changed={header}");
+    println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    let b = bindgen::Builder::default()
+        .header(header)
+        .allowlist_type("ibv_.*|_ibv_.*|verbs_.*|ib_uverbs_(qp|ah)_attr|ib_user_path_rec")
+        .allowlist_var("IBV_.*|VERBS_.*|IB_UVERBS_.*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(true)
+        .generate_comments(false)
+        .generate()
+        .unwrap_or_else(|e| {
+            panic!(
+                "generating the verbs bindings from {header} failed: {e}\n(it needs \
+                 libibverbs-dev and libclang: run tools/setup.sh)"
+            )
+        });
+    b.write_to_file(out.join("verbs_sys.rs"))
+        .expect("writing verbs_sys.rs");
 }

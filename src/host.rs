@@ -114,6 +114,42 @@ impl Interface {
         Ok(f & libc::IFF_UP != 0 && f & libc::IFF_RUNNING != 0)
     }
 
+    /// The link speed in Mbit/s, if the driver reports one (ethtool ETHTOOL_GSET).
+    pub fn speed_mbps(&self) -> Option<u32> {
+        #[repr(C)]
+        #[derive(Default)]
+        struct Cmd {
+            cmd: u32,
+            supported: u32,
+            advertising: u32,
+            speed: u16,
+            duplex: u8,
+            port: u8,
+            phy_address: u8,
+            transceiver: u8,
+            autoneg: u8,
+            mdio_support: u8,
+            maxtxpkt: u32,
+            maxrxpkt: u32,
+            speed_hi: u16,
+            eth_tp_mdix: u8,
+            eth_tp_mdix_ctrl: u8,
+            lp_advertising: u32,
+            reserved: [u32; 2],
+        }
+        const ETHTOOL_GSET: u32 = 1;
+        let mut c = Cmd {
+            cmd: ETHTOOL_GSET,
+            ..Cmd::default()
+        };
+        // SAFETY: ifreq is plain data; zero is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        ifr.ifr_ifru.ifru_data = (&mut c as *mut Cmd).cast();
+        self.ioctl(libc::SIOCETHTOOL, &mut ifr).ok()?;
+        let s = (u32::from(c.speed_hi) << 16) | u32::from(c.speed);
+        (s != 0 && s != u32::MAX && s != 0xffff).then_some(s)
+    }
+
     /// Number of receive queues (ethtool channels; 1 if the driver does not say).
     pub fn rx_queues(&self) -> usize {
         #[repr(C)]
@@ -389,6 +425,100 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// The inode of the calling thread's network namespace: two interfaces of the same name
+/// in different namespaces are different interfaces.
+pub fn netns_id() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata("/proc/thread-self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// One process's claim on an interface (or a UDP address): an exclusive `flock` on a file
+/// named after the namespace and the interface, holding the PID and name of the process.
+/// The kernel drops the lock when the process ends, however it ends.
+#[derive(Debug)]
+pub struct InterfaceLock {
+    _file: fs::File,
+}
+
+/// Where this process's locks go: `/run/roce-xdp/locks` as root, a per-user directory
+/// otherwise (root's are looked at too).
+fn lock_dirs() -> (std::path::PathBuf, Option<std::path::PathBuf>) {
+    let system = std::path::PathBuf::from("/run/roce-xdp/locks");
+    if is_root() {
+        (system, None)
+    } else {
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        (
+            std::env::temp_dir().join(format!("roce-xdp-{uid}/locks")),
+            Some(system),
+        )
+    }
+}
+
+/// Who holds the lock in `f`, if anyone: the PID and program name it wrote.
+fn holder(f: &fs::File) -> Option<String> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on an open file descriptor of ours.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+        // SAFETY: as above; we only looked.
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        return None;
+    }
+    let mut t = String::new();
+    let _ = (&*f).read_to_string(&mut t);
+    let t = t.trim();
+    Some(if t.is_empty() {
+        "another process".to_string()
+    } else {
+        format!("process {t}")
+    })
+}
+
+impl InterfaceLock {
+    /// Claims `what` (an interface name, or `udp-ADDR`) in the calling thread's network
+    /// namespace. Fails, naming the process that holds it, if another process has it.
+    pub fn take(what: &str) -> Result<InterfaceLock, String> {
+        use std::io::{Seek, Write};
+        use std::os::fd::AsRawFd;
+        let name = format!("{}-{}.lock", netns_id(), what.replace('/', "_"));
+        let (mine, other) = lock_dirs();
+        let busy = |who: String| {
+            format!(
+                "{what} is already served by {who} in this network namespace: one process per interface runs the engine (stop it, or use another interface)"
+            )
+        };
+        if let Some(dir) = other
+            && let Ok(f) = fs::File::open(dir.join(&name))
+            && let Some(who) = holder(&f)
+        {
+            return Err(busy(who));
+        }
+        fs::create_dir_all(&mine).map_err(|e| format!("creating {}: {e}", mine.display()))?;
+        let path = mine.join(&name);
+        let mut f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // SAFETY: flock on our open file.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(busy(holder(&f).unwrap_or_else(|| "another process".into())));
+        }
+        let comm = fs::read_to_string("/proc/self/comm").unwrap_or_default();
+        let _ = f.set_len(0);
+        let _ = f.rewind();
+        let _ = write!(f, "{} ({})", std::process::id(), comm.trim());
+        let _ = f.flush();
+        Ok(InterfaceLock { _file: f })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -411,5 +541,15 @@ mod tests {
         );
         assert!(lo.is_running().unwrap());
         assert!(Interface::find("no-such-if0").is_err());
+    }
+
+    #[test]
+    fn an_interface_lock_is_exclusive_and_names_its_holder() {
+        let what = format!("test-lock-{}", std::process::id());
+        let a = InterfaceLock::take(&what).unwrap();
+        let e = InterfaceLock::take(&what).unwrap_err();
+        assert!(e.contains(&std::process::id().to_string()), "{e}");
+        drop(a);
+        InterfaceLock::take(&what).unwrap();
     }
 }

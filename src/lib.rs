@@ -4,11 +4,13 @@
 //! - [`decode`]: `roce-xdp decode`, which explains captured traffic field by field.
 
 pub mod apps;
+pub mod cabi;
 pub mod capture;
 pub mod decode;
 pub mod engine;
 pub mod host;
 pub mod link;
+pub mod links;
 pub mod netns;
 pub mod rng;
 pub mod runtime;

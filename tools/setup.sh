@@ -5,12 +5,16 @@
 set -euo pipefail
 
 PKGS=(
-    # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts
-    clang llvm libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
+    # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts, the C ABI's
+    # structures (bindgen reads rdma-core's headers with libclang)
+    clang llvm libclang-dev libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
+    libibverbs-dev
     # tests: network namespaces, veth, loss injection, captures, dropping root
     iproute2 nftables tcpdump iputils-ping util-linux
-    # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod), our verbs probe
-    qemu-system-x86 kmod libibverbs-dev
+    # tests: unmodified verbs programs on the C ABI (rdma-core's tools, perftest)
+    ibverbs-utils perftest rdmacm-utils
+    # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod)
+    qemu-system-x86 kmod
 )
 
 missing=()

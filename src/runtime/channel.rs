@@ -1,40 +1,45 @@
-//! Completion channels (`ibv_comp_channel`): a file descriptor that becomes readable when
-//! an armed CQ gets a completion, so a program can sleep in `read`, `poll` or `epoll`
-//! instead of polling.
+//! Event queues with a file descriptor: completion channels (`ibv_comp_channel`, which
+//! becomes readable when an armed CQ gets a completion) and the C ABI's asynchronous
+//! event queue (`ibv_context.async_fd`), so a program can sleep in `read`, `poll` or
+//! `epoll` instead of polling.
 //!
 //! The descriptor is an eventfd in semaphore mode: each event adds one, each read takes
 //! one, so `poll()` reports it readable exactly while events wait. The events themselves
-//! (which CQ) wait in a queue beside it, in the order they happened. A CQ destroyed with
-//! events still queued has them taken out (`forget`); the count they leave behind makes a
-//! reader find nothing and read again, which blocks (or says `EAGAIN` on a non-blocking
-//! descriptor) as if the event had never been.
+//! wait in a queue beside it, in the order they happened. Events about an object being
+//! destroyed are taken out (`forget`); the count they leave behind makes a reader find
+//! nothing and read again, which blocks (or says `EAGAIN` on a non-blocking descriptor)
+//! as if the event had never been.
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::Mutex;
 
-/// A completion channel: where CQs created with it signal their completion events.
-pub struct CompChannel {
+/// Events of type `T` behind a file descriptor.
+pub struct FdQueue<T> {
     fd: i32,
-    events: Mutex<VecDeque<u64>>,
+    events: Mutex<VecDeque<T>>,
 }
 
-impl std::fmt::Debug for CompChannel {
+/// A completion channel: where CQs created with it signal their completion events (the
+/// token each CQ was given).
+pub type CompChannel = FdQueue<u64>;
+
+impl<T> std::fmt::Debug for FdQueue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CompChannel(fd {})", self.fd)
+        write!(f, "FdQueue(fd {})", self.fd)
     }
 }
 
-impl CompChannel {
-    /// A new channel with its own descriptor (blocking reads; the caller may set
+impl<T> FdQueue<T> {
+    /// A new queue with its own descriptor (blocking reads; the caller may set
     /// `O_NONBLOCK` on it, as with `ibv_comp_channel.fd`).
-    pub fn new() -> io::Result<CompChannel> {
+    pub fn new() -> io::Result<FdQueue<T>> {
         // SAFETY: eventfd takes no pointers.
         let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(CompChannel {
+        Ok(FdQueue {
             fd,
             events: Mutex::new(VecDeque::new()),
         })
@@ -45,13 +50,13 @@ impl CompChannel {
         self.fd
     }
 
-    /// Queues an event for `token` (the CQ it is for) and makes the descriptor readable.
-    /// Called by the engine thread.
-    pub(crate) fn notify(&self, token: u64) {
+    /// Queues an event and makes the descriptor readable (never blocks for long: called
+    /// on the engine thread).
+    pub fn notify(&self, event: T) {
         self.events
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push_back(token);
+            .push_back(event);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
@@ -59,7 +64,14 @@ impl CompChannel {
 
     /// The next event: waits for one unless the descriptor is non-blocking, where it
     /// fails with `WouldBlock` when none is there (`ibv_get_cq_event`).
-    pub fn get_event(&self) -> io::Result<u64> {
+    pub fn get_event(&self) -> io::Result<T> {
+        self.get_event_map(|e| e)
+    }
+
+    /// As `get_event`, with `f` applied to the event while the queue is still locked,
+    /// so that a `forget` cannot come between taking the event and what `f` records.
+    pub fn get_event_map<R>(&self, f: impl FnOnce(T) -> R) -> io::Result<R> {
+        let mut f = Some(f);
         loop {
             let mut v = 0u64;
             // SAFETY: reading 8 bytes into a live u64 from our eventfd.
@@ -71,13 +83,11 @@ impl CompChannel {
                 }
                 return Err(e);
             }
-            if let Some(t) = self
-                .events
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop_front()
+            let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = q.pop_front()
+                && let Some(f) = f.take()
             {
-                return Ok(t);
+                return Ok(f(t));
             }
             // The event was for a CQ destroyed since: read on.
         }
@@ -95,16 +105,17 @@ impl CompChannel {
         unsafe { libc::poll(&mut p, 1, ms) > 0 }
     }
 
-    /// Takes the queued events of `token` out (its CQ is being destroyed); how many.
-    pub(crate) fn forget(&self, token: u64) -> usize {
+    /// Takes the queued events `gone` picks out (their object is being destroyed); how
+    /// many.
+    pub fn forget(&self, mut gone: impl FnMut(&T) -> bool) -> usize {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         let before = q.len();
-        q.retain(|t| *t != token);
+        q.retain(|t| !gone(t));
         before - q.len()
     }
 }
 
-impl Drop for CompChannel {
+impl<T> Drop for FdQueue<T> {
     fn drop(&mut self) {
         // SAFETY: our descriptor, closed once.
         unsafe { libc::close(self.fd) };
@@ -118,13 +129,13 @@ mod tests {
 
     #[test]
     fn events_come_out_in_order_and_forgotten_ones_never() {
-        let c = CompChannel::new().unwrap();
+        let c: CompChannel = CompChannel::new().unwrap();
         assert!(!c.wait(Duration::ZERO));
         c.notify(7);
         c.notify(9);
         c.notify(7);
         assert!(c.wait(Duration::ZERO));
-        assert_eq!(c.forget(7), 2);
+        assert_eq!(c.forget(|t| *t == 7), 2);
         assert_eq!(c.get_event().unwrap(), 9);
         // Two counts remain for the forgotten events: a non-blocking read finds none.
         // SAFETY: fcntl on our own descriptor.

@@ -33,7 +33,7 @@
 mod channel;
 mod worker;
 
-pub use channel::CompChannel;
+pub use channel::{CompChannel, FdQueue};
 
 use crate::engine::Counters;
 use crate::link::xdp::XdpConfig;
@@ -257,6 +257,7 @@ struct Shared {
     events: Receiver<AsyncEvent>,
     info: DeviceInfo,
     netns: Option<String>,
+    busy_poll: bool,
 }
 
 impl Shared {
@@ -573,6 +574,16 @@ impl Qp {
         self.sh.cap
     }
 
+    /// Send WRs that can be posted now before the send queue is full.
+    pub fn send_room(&self) -> u64 {
+        let used = self
+            .sh
+            .sq_posted
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst));
+        u64::from(self.sh.cap.max_send_wr).saturating_sub(used)
+    }
+
     /// `ibv_post_send`: checked here, executed by the engine thread. Allocates nothing;
     /// makes a system call only to wake a sleeping engine thread.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
@@ -752,6 +763,7 @@ impl Device {
         };
         let (ready_tx, ready_rx) = crossbeam::channel::bounded(1);
         let netns = cfg.netns.clone();
+        let busy_poll = cfg.busy_poll;
         let set2 = set.clone();
         let handle = std::thread::Builder::new()
             .name("roce-xdp-engine".into())
@@ -775,11 +787,17 @@ impl Device {
             events: ev_rx,
             info,
             netns,
+            busy_poll,
         });
         Ok(Device {
             sh,
             thread: Arc::new(Mutex::new(Some(handle))),
         })
+    }
+
+    /// True when the engine threads poll without ever sleeping (`busy_poll`).
+    pub fn busy_poll(&self) -> bool {
+        self.sh.busy_poll
     }
 
     /// How many engine threads run this device.
@@ -941,7 +959,7 @@ impl Device {
             Ok(())
         })?;
         if let Some((ch, token)) = cq.channel() {
-            ch.forget(*token);
+            ch.forget(|t| t == token);
         }
         Ok(())
     }

@@ -27,6 +27,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// Idle rounds (each a poll of everything, then `sched_yield`) before the thread sleeps.
 const SPIN_ROUNDS: u32 = 256;
+/// A yield that kept the thread off the CPU this long means another thread on its core
+/// spins without yielding back.
+const SLOW_YIELD: Duration = Duration::from_micros(200);
+/// How long the thread then sleeps as soon as it is idle, before it tries spinning again.
+const SLEEP_MODE: Duration = Duration::from_millis(200);
 /// Longest sleep (so a stop is noticed even without a wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 
@@ -253,10 +258,20 @@ fn addresses(d: &DeviceConfig) -> Vec<IpAddr> {
         .collect()
 }
 
-fn setup(cfg: &RuntimeConfig) -> Result<(Engine, AnyLink, DeviceInfo), String> {
+type Setup = (Engine, AnyLink, DeviceInfo, crate::host::InterfaceLock);
+
+fn setup(cfg: &RuntimeConfig) -> Result<Setup, String> {
     if let Some(ns) = &cfg.netns {
         crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
     }
+    // One engine per interface (or UDP address) and namespace: a second one would
+    // fight the first for the XDP program or for its frames.
+    let claim = match (&cfg.link, &cfg.port_ifname) {
+        (LinkKind::Xdp { ifname, .. }, _) => ifname.clone(),
+        (LinkKind::Udp { .. }, Some(ifname)) => ifname.clone(),
+        (LinkKind::Udp { local }, None) => format!("udp-{local}"),
+    };
+    let lock = crate::host::InterfaceLock::take(&claim)?;
     let (dcfg, ifname) = device_config(cfg)?;
     let link = match &cfg.link {
         LinkKind::Xdp { ifname, cfg: x } => AnyLink::Xdp(crate::link::xdp::XdpLink::open(
@@ -280,7 +295,7 @@ fn setup(cfg: &RuntimeConfig) -> Result<(Engine, AnyLink, DeviceInfo), String> {
         ifname,
         udp: dcfg.udp_link,
     };
-    Ok((engine, l, info))
+    Ok((engine, l, info, lock))
 }
 
 /// What the engine threads of one device share when there are several (one per
@@ -394,7 +409,7 @@ pub(crate) fn run(
     events: EventSink,
     ready: Sender<Result<DeviceInfo, String>>,
 ) {
-    let (engine, link, mut info) = match setup(&cfg) {
+    let (engine, link, mut info, _lock) = match setup(&cfg) {
         Ok(x) => x,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -510,6 +525,7 @@ fn shard_loop(
             + Duration::from_nanos(t.0)
     };
     let mut idle = 0u32;
+    let mut no_spin_until = Instant::now();
     let mut last_pub = Instant::now();
     let mut last_port = Instant::now();
     let mut last_file = Instant::now();
@@ -657,11 +673,19 @@ fn shard_loop(
             continue;
         }
         idle = idle.saturating_add(1);
-        if cfg.busy_poll || idle < SPIN_ROUNDS {
+        if cfg.busy_poll || (idle < SPIN_ROUNDS && Instant::now() >= no_spin_until) {
             // Keep polling, but give the core away between rounds: the application
             // thread that posts the next WR or polls the CQ often shares this core,
             // and a bare spin would keep it waiting for the end of our time slice.
+            let t0 = Instant::now();
             std::thread::yield_now();
+            if !cfg.busy_poll && t0.elapsed() > SLOW_YIELD {
+                // The core went to a thread that does not give it back (a program
+                // spinning on memory, as ib_write_lat does): yielding to it again would
+                // cost a scheduler tick each time. Sleep when idle instead, so that the
+                // next frame or doorbell wakes this thread and preempts the spinner.
+                no_spin_until = Instant::now() + SLEEP_MODE;
+            }
             continue;
         }
         // Sleep until a frame, a doorbell or the next timer.
