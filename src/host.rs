@@ -103,15 +103,24 @@ impl Interface {
         Ok(m)
     }
 
-    /// True when the interface is up with its carrier on (IFF_UP and IFF_RUNNING): what
-    /// makes an RDMA port ACTIVE, as rxe follows its netdev.
-    pub fn is_running(&self) -> Result<bool, HostError> {
+    fn flags(&self) -> Result<i32, HostError> {
         // SAFETY: ifreq is plain data; zero is a valid value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
         self.ioctl(libc::SIOCGIFFLAGS, &mut ifr)?;
         // SAFETY: SIOCGIFFLAGS fills the ifru_flags member.
-        let f = i32::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        Ok(i32::from(unsafe { ifr.ifr_ifru.ifru_flags }))
+    }
+
+    /// True when the interface is up with its carrier on (IFF_UP and IFF_RUNNING): what
+    /// makes an RDMA port ACTIVE, as rxe follows its netdev.
+    pub fn is_running(&self) -> Result<bool, HostError> {
+        let f = self.flags()?;
         Ok(f & libc::IFF_UP != 0 && f & libc::IFF_RUNNING != 0)
+    }
+
+    /// True when the interface is administratively up (IFF_UP), carrier or not.
+    pub fn is_up(&self) -> Result<bool, HostError> {
+        Ok(self.flags()? & libc::IFF_UP != 0)
     }
 
     /// The link speed in Mbit/s, if the driver reports one (ethtool ETHTOOL_GSET).
@@ -476,6 +485,16 @@ fn holder(f: &fs::File) -> Option<String> {
     } else {
         format!("process {t}")
     })
+}
+
+/// Who holds `what` (see [`InterfaceLock::take`]) in the calling thread's namespace.
+pub fn interface_holder(what: &str) -> Option<String> {
+    let name = format!("{}-{}.lock", netns_id(), what.replace('/', "_"));
+    let (mine, other) = lock_dirs();
+    std::iter::once(mine)
+        .chain(other)
+        .filter_map(|d| fs::File::open(d.join(&name)).ok())
+        .find_map(|f| holder(&f))
 }
 
 impl InterfaceLock {

@@ -85,7 +85,8 @@ pub fn configured() -> Vec<(String, String)> {
 }
 
 /// Interfaces of this namespace that are up and have an address, loopback excluded, in
-/// the order the kernel lists them.
+/// the order the kernel lists them. Up means administratively up: without a carrier the
+/// device is there with its port DOWN, as rxe's follows its netdev.
 fn candidate_interfaces() -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
     for (n, a) in crate::host::all_addresses().unwrap_or_default() {
@@ -99,7 +100,7 @@ fn candidate_interfaces() -> Vec<String> {
     }
     names.retain(|n| {
         crate::host::Interface::find(n)
-            .and_then(|i| i.is_running())
+            .and_then(|i| i.is_up())
             .unwrap_or(false)
     });
     names

@@ -58,6 +58,60 @@ enum Cmd {
     /// The peer of perftest's ib_write_bw, ib_read_bw, ib_send_bw, ib_write_lat and
     /// ib_atomic_bw (client when a host is given), speaking their TCP exchange.
     Perftest(PerftestArgs),
+    /// Run an unmodified verbs program (rdma-core's tools, perftest, your own) on
+    /// roce-xdp: `roce-xdp run -- ibv_devinfo -v`.
+    Run(RunArgs),
+    /// roce-xdp's RDMA devices, as `rdma link` shows and adds rxe's: `link show`,
+    /// `link add NAME netdev IF`, `link delete NAME`.
+    Link {
+        #[command(subcommand)]
+        cmd: Option<LinkCmd>,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The link: auto (AF_XDP when this process may, else UDP), xdp or udp.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "xdp", "udp"])]
+    link: String,
+    /// Capture every frame the program's engine sends and receives to this pcap file.
+    #[arg(long)]
+    pcap: Option<PathBuf>,
+    /// The engine polls without sleeping (lowest latency, one core busy).
+    #[arg(long)]
+    busy_poll: bool,
+    /// The verbs library to use instead of the one built beside roce-xdp.
+    #[arg(long)]
+    lib: Option<PathBuf>,
+    /// Only print the environment the program would get (for `env` or a shell).
+    #[arg(long)]
+    print_env: bool,
+    /// The program and its arguments (after `--`).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "print_env"
+    )]
+    program: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum LinkCmd {
+    /// List the devices of this network namespace (the default).
+    Show {
+        /// One device only.
+        name: Option<String>,
+    },
+    /// Name the device of interface IF: `link add rxe0 netdev eth0`.
+    Add {
+        name: String,
+        /// The word `netdev`, as in `rdma link add`.
+        #[arg(value_parser = ["netdev"])]
+        netdev_kw: String,
+        netdev: String,
+    },
+    /// Remove a device added with `link add`.
+    Delete { name: String },
 }
 
 /// Where a command's engine runs.
@@ -329,7 +383,90 @@ fn main() -> ExitCode {
         Cmd::Stats(a) => run_stats(a),
         Cmd::Probe(a) => run_probe(a),
         Cmd::Perftest(a) => run_perftest(a),
+        Cmd::Run(a) => run_program(a, cli.verbose),
+        Cmd::Link { cmd } => run_link(cmd.unwrap_or(LinkCmd::Show { name: None })),
     }
+}
+
+fn run_program(a: RunArgs, verbose: bool) -> ExitCode {
+    use roce_xdp::apps::run;
+    let o = run::Opts {
+        link: (a.link != "auto").then_some(a.link),
+        pcap: a.pcap,
+        busy_poll: a.busy_poll,
+        verbose,
+        lib: a.lib,
+    };
+    if a.print_env {
+        return match run::env(&o) {
+            Ok(v) => {
+                for (k, val) in v {
+                    println!("{k}={}", val.to_string_lossy());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => failed("run", &e),
+        };
+    }
+    let Some((prog, args)) = a.program.split_first() else {
+        return failed("run", "name the program to run after --");
+    };
+    let e = run::exec(&o, prog, args);
+    eprintln!("roce-xdp run: {e}");
+    ExitCode::from(127)
+}
+
+fn run_link(c: LinkCmd) -> ExitCode {
+    use roce_xdp::links;
+    match c {
+        LinkCmd::Show { name } => {
+            let devs = links::devices();
+            let shown: Vec<_> = devs
+                .iter()
+                .filter(|l| name.as_ref().is_none_or(|n| *n == l.name))
+                .collect();
+            if let Some(n) = &name
+                && shown.is_empty()
+            {
+                return failed("link", &format!("no device {n} in this network namespace"));
+            }
+            for l in shown {
+                println!("{}", link_line(l));
+            }
+            ExitCode::SUCCESS
+        }
+        LinkCmd::Add { name, netdev, .. } => match links::add(&name, &netdev) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failed("link", &e),
+        },
+        LinkCmd::Delete { name } => match links::delete(&name) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failed("link", &e),
+        },
+    }
+}
+
+/// One device as `rdma link show` prints rxe's, then where it comes from and who runs it.
+fn link_line(l: &roce_xdp::links::Link) -> String {
+    let up = roce_xdp::host::Interface::find(&l.netdev)
+        .and_then(|i| i.is_running())
+        .unwrap_or(false);
+    let (state, phys) = if up {
+        ("ACTIVE", "LINK_UP")
+    } else {
+        ("DOWN", "DISABLED")
+    };
+    let mut s = format!(
+        "link {}/1 state {state} physical_state {phys} netdev {}",
+        l.name, l.netdev
+    );
+    if !l.configured {
+        s.push_str(" (default device)");
+    }
+    if let Some(who) = roce_xdp::host::interface_holder(&l.netdev) {
+        s.push_str(&format!(", engine running in {who}"));
+    }
+    s
 }
 
 fn failed(cmd: &str, e: &str) -> ExitCode {

@@ -137,6 +137,11 @@ impl Pair {
             ]);
             ns.exec(&["ip", "link", "set", &ifname, "up"])?;
         }
+        // The carrier comes a moment after both ends are up (link watch); until then a
+        // device on the link would report its port DOWN.
+        for ns in [&a, &b] {
+            wait_carrier(ns, &ifname)?;
+        }
         Ok(Pair {
             a,
             b,
@@ -145,6 +150,21 @@ impl Pair {
             ip_b,
             mtu,
         })
+    }
+}
+
+/// Waits up to 5 s for `ifname` in `ns` to have its carrier (operstate up).
+fn wait_carrier(ns: &Netns, ifname: &str) -> Result<(), String> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let o = ns.exec(&["cat", &format!("/sys/class/net/{ifname}/operstate")])?;
+        if String::from_utf8_lossy(&o.stdout).trim() == "up" {
+            return Ok(());
+        }
+        if std::time::Instant::now() > until {
+            return Err(format!("{ifname} in {} has no carrier after 5 s", ns.name));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

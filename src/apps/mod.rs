@@ -1,6 +1,6 @@
 //! What the commands run, as library code the tests call too: endpoints (a QP with its
 //! CQ and one memory region), workloads that check every byte they move, and the
-//! commands `demo`, `pingpong` and `stats`.
+//! commands `demo`, `pingpong`, `stats` and `run`.
 
 pub mod demo;
 pub mod endpoint;
@@ -9,6 +9,7 @@ pub mod perftest;
 pub mod pingpong;
 pub mod probe;
 pub mod progress;
+pub mod run;
 pub mod stats;
 pub mod workload;
 

@@ -85,7 +85,8 @@ pub(crate) fn errno_of_rt(e: &crate::runtime::RuntimeError) -> i32 {
     }
 }
 
-/// Starts logging once (the filter from `ROCE_XDP_LOG`, default warnings), to stderr.
+/// Starts logging once (the filter from `ROCE_XDP_LOG`, default warnings), to stderr,
+/// one plain line per message: `roce-xdp: warning: ...`.
 pub(crate) fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -93,9 +94,36 @@ pub(crate) fn init_logging() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
-            .with_target(false)
+            .event_format(Plain)
             .try_init();
     });
+}
+
+/// The log line format of the library: the program's own output stays readable.
+struct Plain;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Plain
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut w: tracing_subscriber::fmt::format::Writer<'_>,
+        e: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = match *e.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            tracing::Level::INFO => "info",
+            tracing::Level::DEBUG => "debug",
+            tracing::Level::TRACE => "trace",
+        };
+        write!(w, "roce-xdp: {level}: ")?;
+        ctx.field_format().format_fields(w.by_ref(), e)?;
+        writeln!(w)
+    }
 }
 
 /// A NUL-terminated copy of `s` into a fixed C array (truncated to fit).

@@ -1,14 +1,16 @@
 //! Event queues with a file descriptor: completion channels (`ibv_comp_channel`, which
 //! becomes readable when an armed CQ gets a completion) and the C ABI's asynchronous
-//! event queue (`ibv_context.async_fd`), so a program can sleep in `read`, `poll` or
-//! `epoll` instead of polling.
+//! event queue (`ibv_context.async_fd`), so a program can sleep in `poll` or `epoll`
+//! instead of polling, as it does on the kernel's event files.
 //!
-//! The descriptor is an eventfd in semaphore mode: each event adds one, each read takes
-//! one, so `poll()` reports it readable exactly while events wait. The events themselves
-//! wait in a queue beside it, in the order they happened. Events about an object being
-//! destroyed are taken out (`forget`); the count they leave behind makes a reader find
-//! nothing and read again, which blocks (or says `EAGAIN` on a non-blocking descriptor)
-//! as if the event had never been.
+//! The descriptor is an eventfd in semaphore mode whose count is, at every moment the
+//! queue's lock is free, the number of events queued: every change to either happens
+//! under that lock (our own reads then never block, whatever flags the program set on
+//! the descriptor). So `poll()` reports it readable exactly while an event waits, also
+//! after events about a destroyed object were taken out (`forget`). Programs wait with
+//! `poll()` or by calling `get_event` (which waits unless the program made the
+//! descriptor non-blocking, and then says `EAGAIN`); they do not read it themselves,
+//! as with rdma-core, where `ibv_get_cq_event` does the reading.
 
 use std::collections::VecDeque;
 use std::io;
@@ -53,13 +55,19 @@ impl<T> FdQueue<T> {
     /// Queues an event and makes the descriptor readable (never blocks for long: called
     /// on the engine thread).
     pub fn notify(&self, event: T) {
-        self.events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(event);
+        let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(event);
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.fd, (&one as *const u64).cast(), 8) };
+    }
+
+    /// Takes one from the count (the queue's lock held, and an event was there, so the
+    /// count is positive and the read returns at once).
+    fn consume_one(&self) {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a live u64 from our eventfd.
+        unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
     }
 
     /// The next event: waits for one unless the descriptor is non-blocking, where it
@@ -73,23 +81,32 @@ impl<T> FdQueue<T> {
     pub fn get_event_map<R>(&self, f: impl FnOnce(T) -> R) -> io::Result<R> {
         let mut f = Some(f);
         loop {
-            let mut v = 0u64;
-            // SAFETY: reading 8 bytes into a live u64 from our eventfd.
-            let n = unsafe { libc::read(self.fd, (&mut v as *mut u64).cast(), 8) };
-            if n != 8 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(t) = q.pop_front()
-                && let Some(f) = f.take()
             {
-                return Ok(f(t));
+                let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(t) = q.pop_front()
+                    && let Some(f) = f.take()
+                {
+                    self.consume_one();
+                    return Ok(f(t));
+                }
             }
-            // The event was for a CQ destroyed since: read on.
+            // SAFETY: fcntl on our own descriptor.
+            let flags = unsafe { libc::fcntl(self.fd, libc::F_GETFL) };
+            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+            }
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; waiting until an event is queued.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
         }
     }
 
@@ -105,13 +122,17 @@ impl<T> FdQueue<T> {
         unsafe { libc::poll(&mut p, 1, ms) > 0 }
     }
 
-    /// Takes the queued events `gone` picks out (their object is being destroyed); how
-    /// many.
+    /// Takes the queued events `gone` picks out (their object is being destroyed), and
+    /// their counts with them; how many.
     pub fn forget(&self, mut gone: impl FnMut(&T) -> bool) -> usize {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         let before = q.len();
         q.retain(|t| !gone(t));
-        before - q.len()
+        let n = before - q.len();
+        for _ in 0..n {
+            self.consume_one();
+        }
+        n
     }
 }
 
@@ -136,8 +157,10 @@ mod tests {
         c.notify(7);
         assert!(c.wait(Duration::ZERO));
         assert_eq!(c.forget(|t| *t == 7), 2);
+        assert!(c.wait(Duration::ZERO), "one event left");
         assert_eq!(c.get_event().unwrap(), 9);
-        // Two counts remain for the forgotten events: a non-blocking read finds none.
+        // Nothing left: not readable, and a non-blocking read says so.
+        assert!(!c.wait(Duration::ZERO));
         // SAFETY: fcntl on our own descriptor.
         unsafe {
             let fl = libc::fcntl(c.fd(), libc::F_GETFL);
@@ -145,8 +168,20 @@ mod tests {
         }
         let e = c.get_event().unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
-        assert!(!c.wait(Duration::ZERO));
         c.notify(3);
         assert_eq!(c.get_event().unwrap(), 3);
+        assert_eq!(c.forget(|_| true), 0);
+        assert!(!c.wait(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_blocked_reader_wakes_for_the_next_event() {
+        let c = std::sync::Arc::new(CompChannel::new().unwrap());
+        let c2 = c.clone();
+        let t = std::thread::spawn(move || c2.get_event().unwrap());
+        std::thread::sleep(Duration::from_millis(20));
+        c.notify(5);
+        assert_eq!(t.join().unwrap(), 5);
+        assert!(!c.wait(Duration::ZERO));
     }
 }
