@@ -31,11 +31,22 @@ mod mr;
 mod qp;
 mod standin;
 mod strings;
-mod sys;
+pub mod sys;
 
 use std::panic::AssertUnwindSafe;
 
 pub use device::{LIB_ENV_LINK, LIB_ENV_PCAP};
+
+/// The runtime device behind a context `ibv_open_device` returned, for programs (and
+/// benchmarks) that use both doors on one engine. `None` for a pointer that is not a
+/// live context.
+///
+/// # Safety
+/// `ctx` must be NULL or a context from `ibv_open_device` that is not closed.
+pub unsafe fn runtime_of(ctx: *mut sys::ibv_context) -> Option<crate::runtime::Device> {
+    // SAFETY: the caller's contract.
+    unsafe { device::context(ctx) }.map(|c| c.hub.rt.clone())
+}
 
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(e: i32) {

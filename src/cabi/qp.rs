@@ -779,33 +779,37 @@ unsafe fn building<'a>(q: *mut ibv_qp_ex) -> (&'a Qp, &'a mut Batch) {
 
 /// Starts the next WR of the batch with the QP's `wr_id` and `wr_flags`.
 fn begin(q: *mut ibv_qp_ex, opcode: WrOpcode, f: impl FnOnce(&mut SendWr)) {
-    // SAFETY: an extended QP inside wr_start/wr_complete.
-    let (x, b) = unsafe { building(q) };
-    if b.wrs.len() >= b.wrs.capacity() {
-        b.err = libc::ENOMEM;
-        return;
-    }
-    // SAFETY: the QP's C part; the program wrote wr_id and wr_flags before the call.
-    let (id, flags) = unsafe { ((*x.ex.get()).wr_id, (*x.ex.get()).wr_flags) };
-    let mut wr = SendWr::send(id, &[]).with_opcode(opcode);
-    wr.send_flags = SendFlags(flags & !IBV_SEND_IP_CSUM);
-    f(&mut wr);
-    b.wrs.push(wr);
+    guard("ibv_wr_*", (), || {
+        // SAFETY: an extended QP inside wr_start/wr_complete.
+        let (x, b) = unsafe { building(q) };
+        if b.wrs.len() >= b.wrs.capacity() {
+            b.err = libc::ENOMEM;
+            return;
+        }
+        // SAFETY: the QP's C part; the program wrote wr_id and wr_flags before the call.
+        let (id, flags) = unsafe { ((*x.ex.get()).wr_id, (*x.ex.get()).wr_flags) };
+        let mut wr = SendWr::send(id, &[]).with_opcode(opcode);
+        wr.send_flags = SendFlags(flags & !IBV_SEND_IP_CSUM);
+        f(&mut wr);
+        b.wrs.push(wr);
+    })
 }
 
 /// Changes the batch's last WR (EINVAL if there is none).
 fn last(q: *mut ibv_qp_ex, f: impl FnOnce(&mut SendWr) -> Result<(), c_int>) {
-    // SAFETY: an extended QP inside wr_start/wr_complete.
-    let (_, b) = unsafe { building(q) };
-    let r = match b.wrs.last_mut() {
-        Some(w) => f(w),
-        None => Err(libc::EINVAL),
-    };
-    if let Err(e) = r
-        && b.err == 0
-    {
-        b.err = e;
-    }
+    guard("ibv_wr_set_*", (), || {
+        // SAFETY: an extended QP inside wr_start/wr_complete.
+        let (_, b) = unsafe { building(q) };
+        let r = match b.wrs.last_mut() {
+            Some(w) => f(w),
+            None => Err(libc::EINVAL),
+        };
+        if let Err(e) = r
+            && b.err == 0
+        {
+            b.err = e;
+        }
+    })
 }
 
 unsafe extern "C" fn wr_start(q: *mut ibv_qp_ex) {

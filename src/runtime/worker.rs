@@ -881,11 +881,18 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
     let qps = &l.qps;
     l.engine.take_touched_qps(|qpn, state, sq_done, rq_done| {
         if let Some((sh, rs, rr)) = qps.get(&qpn) {
-            sh.set_state(state);
-            sh.sq_done
-                .store(sq_done + rs, std::sync::atomic::Ordering::SeqCst);
-            sh.rq_done
-                .store(rq_done + rr, std::sync::atomic::Ordering::SeqCst);
+            // Stored only when changed: a store takes the cache line from the posting
+            // threads that read it, even when it writes the value already there.
+            let store = |a: &std::sync::atomic::AtomicU64, v: u64| {
+                if a.load(Ordering::Relaxed) != v {
+                    a.store(v, Ordering::SeqCst);
+                }
+            };
+            if sh.state.load(Ordering::Relaxed) != state as u8 {
+                sh.set_state(state);
+            }
+            store(&sh.sq_done, sq_done + rs);
+            store(&sh.rq_done, rq_done + rr);
         }
     });
     let cqs = &l.cqs;

@@ -107,8 +107,8 @@ put() {   # put SRC DEST: a program or library and its libraries into the image
         [ -e "$ROOT$dst" ] || install -D -m 0755 "$(readlink -f "$lib")" "$ROOT$dst"
     done
 }
-for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong \
-         ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_atomic_bw; do
+for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong \
+         ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_bw; do
     put "$STAGE/usr/bin/$b" "/usr/bin/$b"
 done
 put "$STAGE/bin/ip" /usr/sbin/ip
