@@ -1124,6 +1124,13 @@ impl Engine {
         None
     }
 
+    /// True while some QP may have a frame to send: after `poll_transmit` was stopped
+    /// by the link (its transmit ring full), the driver must come back soon rather than
+    /// wait for a frame or a timer.
+    pub fn wants_transmit(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// The next time `handle_timeout` must be called.
     pub fn poll_timeout(&self) -> Option<Time> {
         self.timers.peek().map(|r| r.0.0)

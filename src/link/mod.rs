@@ -37,4 +37,10 @@ pub trait FrameLink: Send {
     fn fds(&self) -> Vec<std::os::fd::RawFd>;
     /// One line for logs: which link, which modes.
     fn describe(&self) -> String;
+    /// True while frames handed to the kernel still wait to leave and only another
+    /// `flush` moves them on (AF_XDP copy mode sends at most a budget of descriptors per
+    /// kick): the driver must not sleep then, as no descriptor wakes it for that.
+    fn tx_pending(&self) -> bool {
+        false
+    }
 }

@@ -489,6 +489,12 @@ impl FrameLink for XdpLink {
         self.queues.iter().map(|q| q.fd).collect()
     }
 
+    fn tx_pending(&self) -> bool {
+        self.queues
+            .iter()
+            .any(|q| q.in_ring > 0 || !q.pending_tx.is_empty())
+    }
+
     fn describe(&self) -> String {
         let q: Vec<String> = self
             .queues
