@@ -443,38 +443,57 @@ pub fn netns_id() -> u64 {
         .unwrap_or(0)
 }
 
-/// One process's claim on an interface (or a UDP address): an exclusive `flock` on a file
-/// named after the namespace and the interface, holding the PID and name of the process.
-/// The kernel drops the lock when the process ends, however it ends.
+/// One process's claim on an interface (or a UDP address): an exclusive open-file-
+/// description lock (`F_OFD_SETLK`) on a file named after the namespace and the
+/// interface, holding the PID and name of the process. The kernel drops the lock when
+/// the process ends, however it ends; a child forked without exec keeps it while it
+/// lives. Others learn who holds it with `F_OFD_GETLK`, which takes nothing.
 #[derive(Debug)]
 pub struct InterfaceLock {
     _file: fs::File,
 }
 
-/// Where this process's locks go: `/run/roce-xdp/locks` as root, a per-user directory
-/// otherwise (root's are looked at too).
-fn lock_dirs() -> (std::path::PathBuf, Option<std::path::PathBuf>) {
+/// Where this process's locks go (`/run/roce-xdp/locks` as root, a per-user directory
+/// otherwise), and the other directories whose locks it must respect: root's for a
+/// user; every user's in the temporary directory for root.
+fn lock_dirs() -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
     let system = std::path::PathBuf::from("/run/roce-xdp/locks");
     if is_root() {
-        (system, None)
+        let users = fs::read_dir(std::env::temp_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("roce-xdp-"))
+            .map(|e| e.path().join("locks"))
+            .collect();
+        (system, users)
     } else {
         // SAFETY: getuid cannot fail.
         let uid = unsafe { libc::getuid() };
         (
             std::env::temp_dir().join(format!("roce-xdp-{uid}/locks")),
-            Some(system),
+            vec![system],
         )
     }
 }
 
-/// Who holds the lock in `f`, if anyone: the PID and program name it wrote.
+/// An OFD lock request for the whole file.
+fn whole_file(kind: i32) -> libc::flock {
+    // SAFETY: flock is plain data; zero is a valid value.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l
+}
+
+/// Who holds the lock of `f`, if anyone: the PID and program name it wrote.
 fn holder(f: &fs::File) -> Option<String> {
     use std::io::Read;
     use std::os::fd::AsRawFd;
-    // SAFETY: flock on an open file descriptor of ours.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-        // SAFETY: as above; we only looked.
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+    let mut l = whole_file(libc::F_WRLCK);
+    // SAFETY: F_OFD_GETLK on our open file with a valid flock; it only reports.
+    let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut l) };
+    if r != 0 || i32::from(l.l_type) == libc::F_UNLCK {
         return None;
     }
     let mut t = String::new();
@@ -487,12 +506,16 @@ fn holder(f: &fs::File) -> Option<String> {
     })
 }
 
+fn lock_name(what: &str) -> String {
+    format!("{}-{}.lock", netns_id(), what.replace('/', "_"))
+}
+
 /// Who holds `what` (see [`InterfaceLock::take`]) in the calling thread's namespace.
 pub fn interface_holder(what: &str) -> Option<String> {
-    let name = format!("{}-{}.lock", netns_id(), what.replace('/', "_"));
-    let (mine, other) = lock_dirs();
+    let name = lock_name(what);
+    let (mine, others) = lock_dirs();
     std::iter::once(mine)
-        .chain(other)
+        .chain(others)
         .filter_map(|d| fs::File::open(d.join(&name)).ok())
         .find_map(|f| holder(&f))
 }
@@ -503,18 +526,19 @@ impl InterfaceLock {
     pub fn take(what: &str) -> Result<InterfaceLock, String> {
         use std::io::{Seek, Write};
         use std::os::fd::AsRawFd;
-        let name = format!("{}-{}.lock", netns_id(), what.replace('/', "_"));
-        let (mine, other) = lock_dirs();
+        let name = lock_name(what);
+        let (mine, others) = lock_dirs();
         let busy = |who: String| {
             format!(
                 "{what} is already served by {who} in this network namespace: one process per interface runs the engine (stop it, or use another interface)"
             )
         };
-        if let Some(dir) = other
-            && let Ok(f) = fs::File::open(dir.join(&name))
-            && let Some(who) = holder(&f)
-        {
-            return Err(busy(who));
+        for dir in others {
+            if let Ok(f) = fs::File::open(dir.join(&name))
+                && let Some(who) = holder(&f)
+            {
+                return Err(busy(who));
+            }
         }
         fs::create_dir_all(&mine).map_err(|e| format!("creating {}: {e}", mine.display()))?;
         let path = mine.join(&name);
@@ -525,8 +549,9 @@ impl InterfaceLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        // SAFETY: flock on our open file.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let l = whole_file(libc::F_WRLCK);
+        // SAFETY: F_OFD_SETLK on our open file with a valid flock.
+        if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &l) } != 0 {
             return Err(busy(holder(&f).unwrap_or_else(|| "another process".into())));
         }
         let comm = fs::read_to_string("/proc/self/comm").unwrap_or_default();

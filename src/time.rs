@@ -46,3 +46,17 @@ impl std::fmt::Display for Time {
         )
     }
 }
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: a cheap clock reading (the vDSO, no system call)
+/// for code that must not allocate or block.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}

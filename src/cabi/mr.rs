@@ -3,11 +3,14 @@
 //! `ibv_reg_mr` registers the program's own memory where it lies, without copying: the
 //! engine reads and writes it in place through the region's keys, bounds and access
 //! flags ([`crate::verbs::Memory::borrowed`]). The range must be mapped (and writable
-//! for LOCAL_WRITE), as the kernel's pinning requires; `EFAULT` otherwise. A region
-//! that work in flight still uses cannot be deregistered (`EBUSY`), so the engine never
-//! touches memory the program freed after `ibv_dereg_mr` returned. (Freeing registered
-//! memory *without* deregistering it is a program error rxe survives because it pins
-//! the pages; here the engine would then fault on a peer's access.)
+//! for LOCAL_WRITE), as the kernel's pinning requires; `EFAULT` otherwise. Once
+//! `ibv_dereg_mr` returns the engine touches the memory no more (work still in flight
+//! that names the region then fails, as with rxe); a region with a memory window bound
+//! is refused (`EBUSY`), as rdma-core refuses it. (Freeing registered memory *without*
+//! deregistering it is a program error rxe survives because it pins the pages; here
+//! the engine would then fault on a peer's access.) Memory windows are type 2 only:
+//! `ibv_alloc_mw(IBV_MW_TYPE_1)` is EOPNOTSUPP, and `ibv_bind_mw` (type 1's call) is
+//! EINVAL; a type 2 window is bound with an IBV_WR_BIND_MW work request.
 
 use super::device::{Context, Hub, context};
 use super::sys::*;

@@ -108,6 +108,13 @@ fn create(
     } else {
         Some(unsafe { srq(a.srq) }.ok_or(libc::EINVAL)?)
     };
+    // Objects of another device name another engine's tables.
+    if !Arc::ptr_eq(&scq.hub, &c.hub)
+        || !Arc::ptr_eq(&rcq.hub, &c.hub)
+        || srq.is_some_and(|s| !Arc::ptr_eq(&s.hub, &c.hub))
+    {
+        return Err(libc::EINVAL);
+    }
     let l = c.hub.rt.info().limits;
     if a.cap.max_inline_data > l.max_inline_data {
         return Err(libc::EINVAL);
@@ -400,8 +407,9 @@ pub extern "C" fn ibv_modify_qp(q: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mas
             return errno_of_rt(&e);
         }
         if m.contains(QpAttrMask::STATE) {
-            // SAFETY: the QP's C part, in its UnsafeCell (rdma-core updates it here too).
-            unsafe { (*x.ex.get()).qp_base.state = a.qp_state as u32 };
+            // SAFETY: the QP's C part, in its UnsafeCell (rdma-core updates it here too);
+            // written through a raw pointer, no reference to the whole is made.
+            unsafe { std::ptr::addr_of_mut!((*x.ex.get()).qp_base.state).write(a.qp_state as u32) };
         }
         0
     })
@@ -458,23 +466,26 @@ pub extern "C" fn ibv_query_qp(
             rnr_retry: a.rnr_retry,
             ..Default::default()
         };
-        // SAFETY: the QP's C part, set at creation (state kept by modify_qp).
-        let b = unsafe { &mut (*x.ex.get()).qp_base };
-        // SAFETY: the caller gives room for both structures.
+        // The QP's C part through raw pointers only: other threads read it meanwhile
+        // (posting), and only `state` is written.
+        // SAFETY: a place expression on our live QP; no reference is created.
+        let b = unsafe { std::ptr::addr_of_mut!((*x.ex.get()).qp_base) };
+        // SAFETY: the fields read are set at creation and never change; the caller
+        // gives room for both structures.
         unsafe {
             *attr = out;
             *init_attr = ibv_qp_init_attr {
-                qp_context: b.qp_context,
-                send_cq: b.send_cq,
-                recv_cq: b.recv_cq,
-                srq: b.srq,
+                qp_context: (*b).qp_context,
+                send_cq: (*b).send_cq,
+                recv_cq: (*b).recv_cq,
+                srq: (*b).srq,
                 cap: c_cap,
-                qp_type: b.qp_type,
+                qp_type: (*b).qp_type,
                 sq_sig_all: c_int::from(x.sq_sig_all),
             };
-        }
-        if attr_mask & IBV_QP_STATE as c_int != 0 {
-            b.state = a.qp_state as u32;
+            if attr_mask & IBV_QP_STATE as c_int != 0 {
+                std::ptr::addr_of_mut!((*b).state).write(a.qp_state as u32);
+            }
         }
         0
     })
@@ -487,15 +498,15 @@ pub extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
         let Some(x) = (unsafe { qp(q) }) else {
             return libc::EINVAL;
         };
+        if let Err(e) = x.hub.rt.destroy_qp(x.rt.clone()) {
+            return errno_of_rt(&e);
+        }
         x.hub
             .routes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .qps
             .remove(&x.rt.qpn);
-        if let Err(e) = x.hub.rt.destroy_qp(x.rt.clone()) {
-            return errno_of_rt(&e);
-        }
         // SAFETY: the QP's context, live while it has objects.
         if let Some(c) = unsafe { context((*x.ex.get()).qp_base.context) } {
             c.asyncq.forget(|e| e.element == q as usize);
@@ -835,7 +846,13 @@ unsafe extern "C" fn wr_complete(q: *mut ibv_qp_ex) -> c_int {
         // SAFETY: an extended QP after wr_start.
         let (x, b) = unsafe { building(q) };
         let mut r = b.err;
-        // All or nothing: the batch goes only if the queue has room for all of it.
+        // All or nothing, as rxe's wr_complete: every WR is checked first, and the batch
+        // goes only if the queue has room for all of it.
+        if r == 0
+            && let Some(e) = b.wrs.iter().find_map(|w| x.rt.check_send(w).err())
+        {
+            r = errno_of(&e);
+        }
         if r == 0 && b.wrs.len() as u64 > x.rt.send_room() {
             r = libc::ENOMEM;
         }
@@ -1090,11 +1107,11 @@ fn create_srq_in(
         .rt
         .create_srq(x.id, attr.max_wr, attr.max_sge)
         .map_err(|e| errno_of_rt(&e))?;
-    if attr.srq_limit > 0 {
-        c.hub
-            .rt
-            .modify_srq(&rt, None, Some(attr.srq_limit))
-            .map_err(|e| errno_of_rt(&e))?;
+    if attr.srq_limit > 0
+        && let Err(e) = c.hub.rt.modify_srq(&rt, None, Some(attr.srq_limit))
+    {
+        let _ = c.hub.rt.destroy_srq(&rt);
+        return Err(errno_of_rt(&e));
     }
     let id = rt.id;
     let s = Box::into_raw(Box::new(Srq {

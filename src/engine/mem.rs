@@ -250,21 +250,33 @@ impl MrTable {
     /// holding it finish on memory that stays allocated until they drop it.
     /// Returns the region's PD.
     ///
-    /// A region over memory the application lent ([`Memory::borrowed`]) is refused while
-    /// anything still holds it (a WR in flight, a READ being answered, a bound window):
-    /// the application may free its memory once this returns, so the engine must be done
-    /// with it (rdma-core's `ibv_dereg_mr` fails with EBUSY while windows are bound).
+    /// Work in flight that still holds the region (a WR posted, a READ being answered)
+    /// finds it invalid at its next access, which is made on this same engine thread:
+    /// from the moment this returns the engine touches the region's memory no more, so
+    /// the application may free memory it lent ([`Memory::borrowed`]). Such a region is
+    /// refused while a memory window is bound to it, as rdma-core's `ibv_dereg_mr` is
+    /// (EBUSY); the engine's own memory lets the windows go invalid with it.
     pub fn deregister(&mut self, lkey: u32) -> Result<u32, Error> {
         let idx = (lkey >> 8) as usize;
         match self.slots.get(idx) {
             Some(Some(mr)) if mr.info.lkey == lkey => {
-                let holders = Arc::strong_count(mr) - 1;
-                if mr.mem.is_borrowed() && holders > 0 {
-                    return Err(Error::Busy {
-                        what: "memory region",
-                        handle: lkey,
-                        users: holders as u32,
-                    });
+                if mr.mem.is_borrowed() {
+                    let windows = self
+                        .slots
+                        .iter()
+                        .flatten()
+                        .filter(|w| {
+                            w.is_valid()
+                                && matches!(&w.kind, MrKind::Window { region, .. } if Arc::ptr_eq(region, mr))
+                        })
+                        .count();
+                    if windows > 0 {
+                        return Err(Error::Busy {
+                            what: "memory region (bound memory windows)",
+                            handle: lkey,
+                            users: windows as u32,
+                        });
+                    }
                 }
                 self.count -= 1;
                 Ok(self.release(idx))
@@ -510,44 +522,47 @@ mod tests {
     }
 
     #[test]
-    fn a_lent_region_held_by_work_in_flight_is_not_deregistered() {
+    fn a_lent_region_is_not_deregistered_under_a_bound_window() {
         let mut buf = vec![0u8; 256];
         // SAFETY: `buf` outlives the table's use of it (both end with this test).
         let lent = unsafe { Memory::borrowed(buf.as_mut_ptr(), buf.len()) };
         let (mut t, mut rng, owned) = table();
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND;
         let a = t
-            .register(
-                &mut rng,
-                1,
-                lent,
-                0,
-                256,
-                0x1000,
-                AccessFlags::LOCAL_WRITE,
-                10,
-            )
+            .register(&mut rng, 1, lent, 0, 256, 0x1000, acc, 10)
             .unwrap();
-        let held = t.lookup(a.lkey, false, 1).unwrap().clone();
+        let rkey = t.alloc_window(&mut rng, 1, 10).unwrap();
+        let bind = MwBind {
+            mw: rkey >> 8,
+            rkey,
+            lkey: a.lkey,
+            addr: 0x1000,
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        t.bind_window(1, 0x11, &bind).unwrap();
         assert!(matches!(
             t.deregister(a.lkey),
             Err(Error::Busy { users: 1, .. })
         ));
-        drop(held);
+        t.dealloc_window(rkey >> 8).unwrap();
+        // Work in flight holding it does not keep it: its next access finds it invalid.
+        let held = t.lookup(a.lkey, false, 1).unwrap().clone();
         t.deregister(a.lkey).unwrap();
-        // The engine's own memory stays allocated for whoever holds it: no refusal.
+        assert!(!held.is_valid());
+        // The engine's own memory lets a bound window go invalid with the region.
         let b = t
-            .register(
-                &mut rng,
-                1,
-                owned,
-                0,
-                64,
-                0x2000,
-                AccessFlags::LOCAL_WRITE,
-                10,
-            )
+            .register(&mut rng, 1, owned, 0, 64, 0x2000, acc, 10)
             .unwrap();
-        let _held = t.lookup(b.lkey, false, 1).unwrap().clone();
+        let rkey = t.alloc_window(&mut rng, 1, 10).unwrap();
+        let bind = MwBind {
+            lkey: b.lkey,
+            addr: 0x2000,
+            mw: rkey >> 8,
+            rkey,
+            ..bind
+        };
+        t.bind_window(1, 0x11, &bind).unwrap();
         t.deregister(b.lkey).unwrap();
         drop(buf);
     }

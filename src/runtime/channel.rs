@@ -100,12 +100,10 @@ impl<T> FdQueue<T> {
                 events: libc::POLLIN,
                 revents: 0,
             };
-            // SAFETY: one valid pollfd; waiting until an event is queued.
+            // SAFETY: one valid pollfd; waiting until an event is queued. A signal ends
+            // the wait with EINTR, as it ends rdma-core's read() of the event file.
             if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
+                return Err(io::Error::last_os_error());
             }
         }
     }

@@ -283,7 +283,8 @@ pub struct Device {
 /// The state a CQ shares between the engine thread and its users.
 pub(crate) struct CqShared {
     /// The completions waiting to be polled: a box owned by this struct, replaced only
-    /// by `resize` on the engine thread, which first waits for `readers` to drain.
+    /// by `resize` (devices with one engine thread), which first waits for `readers` to
+    /// drain.
     q: AtomicPtr<ArrayQueue<Wc>>,
     /// Pollers inside the queue right now (every poll writes it: its own cache line,
     /// away from what the engine thread reads as it pushes).
@@ -328,8 +329,8 @@ impl CqShared {
     /// Queues a completion (engine thread) and signals the channel if the CQ is armed
     /// for it. False when full.
     pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
-        // SAFETY: only the engine thread, which also runs `resize`, replaces the box,
-        // so it is live here without counting.
+        // SAFETY: `resize` runs only on a device with one engine thread, the one that
+        // pushes, so the box is live here without counting.
         let q = unsafe { &*self.q.load(Ordering::Acquire) };
         if q.push(wc).is_err() {
             self.overflowed.store(true, Ordering::SeqCst);
@@ -358,8 +359,8 @@ impl CqShared {
         self.with_q(|q| q.is_empty())
     }
 
-    /// Replaces the queue by one of `depth` entries (engine thread): refused if more
-    /// completions wait than that.
+    /// Replaces the queue by one of `depth` entries (on the one engine thread, which
+    /// alone pushes): refused if more completions wait than that.
     fn resize(&self, depth: usize) -> Result<(), Error> {
         // SAFETY: as in `push`, the engine thread's own view of the box is live.
         let len = unsafe { &*self.q.load(Ordering::Acquire) }.len();
@@ -382,6 +383,15 @@ impl CqShared {
         let nq = unsafe { &*new };
         while let Some(w) = old.pop() {
             let _ = nq.push(w);
+        }
+        // A poller that found the new queue empty during the copy may have armed the CQ
+        // and gone to sleep: the completions moved in count as new for it.
+        fence(Ordering::SeqCst);
+        if !nq.is_empty()
+            && self.armed.swap(0, Ordering::SeqCst) != 0
+            && let Some((ch, token)) = &self.notify
+        {
+            ch.notify(*token);
         }
         Ok(())
     }
@@ -590,9 +600,9 @@ impl Qp {
         u64::from(self.sh.cap.max_send_wr).saturating_sub(used)
     }
 
-    /// `ibv_post_send`: checked here, executed by the engine thread. Allocates nothing;
-    /// makes a system call only to wake a sleeping engine thread.
-    pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
+    /// The checks `post_send` makes of a WR (the QP's state, the WR against the QP's
+    /// capacities), without posting it: for posting a batch all or nothing.
+    pub fn check_send(&self, wr: &SendWr) -> Result<(), Error> {
         let st = self.state();
         if matches!(st, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(Error::WrongState {
@@ -606,7 +616,13 @@ impl Qp {
             &self.sh.cap,
             self.dev.info.limits.max_msg_sz,
             wr,
-        )?;
+        )
+    }
+
+    /// `ibv_post_send`: checked here, executed by the engine thread. Allocates nothing;
+    /// makes a system call only to wake a sleeping engine thread.
+    pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
+        self.check_send(wr)?;
         if !claim(
             &self.sh.sq_posted,
             &self.sh.sq_done,
@@ -971,10 +987,16 @@ impl Device {
     }
 
     /// `ibv_resize_cq`: the CQ holds `depth` completions from now on (refused below the
-    /// number it holds).
+    /// number it holds). One engine thread only: the queue is replaced by the thread
+    /// that fills it, and with several each would fill it.
     pub fn resize_cq(&self, cq: &Cq, depth: usize) -> Result<(), RuntimeError> {
+        if self.threads() > 1 {
+            return Err(RuntimeError::Setup(
+                "resizing a CQ needs a device with one engine thread (threads = 1)".into(),
+            ));
+        }
         let (id, sh) = (cq.id, cq.sh.clone());
-        self.verbs_all(move |l| {
+        self.verbs(move |l| {
             l.engine.resize_cq(id, depth)?;
             sh.resize(depth)
         })

@@ -566,10 +566,7 @@ fn shard_loop(
             break;
         }
         // Doorbells: WRs posted since the last round.
-        while let Some(b) = set.bells[me].pop() {
-            work += 1;
-            ring(&mut l, b);
-        }
+        work += l.bells().drain();
         let t = now();
         // Frames another shard received for our QPs.
         while let Ok(buf) = fwd_rx.try_recv() {
@@ -580,10 +577,17 @@ fn shard_loop(
         }
         // Received frames.
         {
-            let engine = &mut l.engine;
+            let mut bells = l.bells();
             let set = &set;
             let (forwarded, fwd_dropped) = (&mut forwarded, &mut fwd_dropped);
             work += link.get().recv(256, &mut |f| {
+                // A receive WR posted before this frame was sent (the program told its
+                // peer, out of band, that it could send) must be there when it lands: WRs
+                // rung since the doorbells were last drained go in first.
+                if !set.bells[me].is_empty() {
+                    bells.drain();
+                }
+                let engine = &mut *bells.engine;
                 record(f, t);
                 if n > 1
                     && let Some(q) = engine.foreign_qp(f)
@@ -790,66 +794,108 @@ fn apply(l: &mut Locals, c: Cmd) {
     }
 }
 
-/// Takes the WRs a doorbell announces out of their ring into the engine.
-fn ring(l: &mut Locals, bell: u32) {
-    if bell & SRQ_BELL != 0 {
-        drain_srq(l, bell & !SRQ_BELL);
-        return;
-    }
-    let qpn = bell;
-    let Some((sh, _, _)) = l.qps.get(&qpn) else {
-        match l.set.owner(qpn) {
-            // The QP is on its way here: hold the doorbell until it arrives.
-            Some(o) if o == l.me => l.held.push(qpn),
-            // The QP moved away: hand the doorbell on.
-            Some(o) if l.set.bell(o, qpn) => l.set.links[o].wake.ring(),
-            Some(_) => {}
-            None => {}
-        }
-        return;
-    };
-    let sh = sh.clone();
-    // Lowered before draining: a WR posted after this point rings again. A swap, not a
-    // store: reading the poster's raising is what makes its WR visible to the drain.
-    sh.rung.swap(false, Ordering::SeqCst);
-    let (mut sref, mut rref) = (0u64, 0u64);
-    while let Some(wr) = sh.sq_ring.pop() {
-        if let Err(e) = l.engine.post_send(qpn, &wr) {
-            tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
-            sref += 1;
+/// What draining a doorbell needs of the engine thread's state: borrowed apart from the
+/// link, so that the receive path can drain doorbells between taking frames off the ring
+/// and handing them to the engine.
+pub(crate) struct Bells<'a> {
+    pub engine: &'a mut Engine,
+    pub qps: &'a mut QpRegistry,
+    pub srqs: &'a mut SrqRegistry,
+    pub set: &'a ShardSet,
+    pub me: usize,
+    pub held: &'a mut Vec<u32>,
+}
+
+impl Locals {
+    pub(crate) fn bells(&mut self) -> Bells<'_> {
+        Bells {
+            engine: &mut self.engine,
+            qps: &mut self.qps,
+            srqs: &mut self.srqs,
+            set: &self.set,
+            me: self.me,
+            held: &mut self.held,
         }
     }
-    while let Some(wr) = sh.rq_ring.pop() {
-        if let Err(e) = l.engine.post_recv(qpn, &wr) {
-            tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
-            rref += 1;
+}
+
+impl Bells<'_> {
+    /// Every doorbell rung so far.
+    pub(crate) fn drain(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(b) = self.set.bells[self.me].pop() {
+            n += 1;
+            self.ring(b);
+        }
+        n
+    }
+
+    /// Takes the WRs a doorbell announces out of their ring into the engine.
+    fn ring(&mut self, bell: u32) {
+        if bell & SRQ_BELL != 0 {
+            self.drain_srq(bell & !SRQ_BELL);
+            return;
+        }
+        let qpn = bell;
+        let Some((sh, _, _)) = self.qps.get(&qpn) else {
+            match self.set.owner(qpn) {
+                // The QP is on its way here: hold the doorbell until it arrives.
+                Some(o) if o == self.me => self.held.push(qpn),
+                // The QP moved away: hand the doorbell on.
+                Some(o) if self.set.bell(o, qpn) => self.set.links[o].wake.ring(),
+                Some(_) => {}
+                None => {}
+            }
+            return;
+        };
+        let sh = sh.clone();
+        // Lowered before draining: a WR posted after this point rings again. A swap, not
+        // a store: reading the poster's raising is what makes its WR visible to the drain.
+        sh.rung.swap(false, Ordering::SeqCst);
+        let (mut sref, mut rref) = (0u64, 0u64);
+        while let Some(wr) = sh.sq_ring.pop() {
+            if let Err(e) = self.engine.post_send(qpn, &wr) {
+                tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
+                sref += 1;
+            }
+        }
+        while let Some(wr) = sh.rq_ring.pop() {
+            if let Err(e) = self.engine.post_recv(qpn, &wr) {
+                tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
+                rref += 1;
+            }
+        }
+        if sref + rref > 0
+            && let Some(x) = self.qps.get_mut(&qpn)
+        {
+            x.1 += sref;
+            x.2 += rref;
         }
     }
-    if sref + rref > 0
-        && let Some(x) = l.qps.get_mut(&qpn)
-    {
-        x.1 += sref;
-        x.2 += rref;
+
+    /// Moves the receive WRs posted to SRQ `id` into the engine.
+    pub(crate) fn drain_srq(&mut self, id: u32) {
+        let Some((sh, _)) = self.srqs.get(&id) else {
+            return;
+        };
+        let sh = sh.clone();
+        sh.rung.swap(false, Ordering::SeqCst);
+        let mut refused = 0u64;
+        while let Some(wr) = sh.ring.pop() {
+            if let Err(e) = self.engine.post_srq_recv(id, &wr) {
+                tracing::warn!("receive WR {} on SRQ {id} refused: {e}", wr.wr_id);
+                refused += 1;
+            }
+        }
+        if let Some(x) = self.srqs.get_mut(&id) {
+            x.1 += refused;
+        }
     }
 }
 
 /// Moves the receive WRs posted to SRQ `id` into the engine.
 pub(crate) fn drain_srq(l: &mut Locals, id: u32) {
-    let Some((sh, _)) = l.srqs.get(&id) else {
-        return;
-    };
-    let sh = sh.clone();
-    sh.rung.swap(false, Ordering::SeqCst);
-    let mut refused = 0u64;
-    while let Some(wr) = sh.ring.pop() {
-        if let Err(e) = l.engine.post_srq_recv(id, &wr) {
-            tracing::warn!("receive WR {} on SRQ {id} refused: {e}", wr.wr_id);
-            refused += 1;
-        }
-    }
-    if let Some(x) = l.srqs.get_mut(&id) {
-        x.1 += refused;
-    }
+    l.bells().drain_srq(id);
 }
 
 /// Applies the doorbells held for `qpn` now that it has arrived.
@@ -857,7 +903,7 @@ pub(crate) fn replay_held(l: &mut Locals, qpn: u32) {
     let held = std::mem::take(&mut l.held);
     for b in held {
         if b == qpn {
-            ring(l, b);
+            l.bells().ring(b);
         } else {
             l.held.push(b);
         }

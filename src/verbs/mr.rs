@@ -8,8 +8,9 @@
 //! A `Memory` can also be borrowed from the application ([`Memory::borrowed`]): the C
 //! ABI registers a program's own buffers where they lie (malloc'd, mmap'd, on the stack)
 //! instead of copying them. The engine then must not touch them once `ibv_dereg_mr` has
-//! returned, so a borrowed region that work in flight still holds cannot be deregistered
-//! (`Engine::dereg_mr` answers busy, as `ibv_dereg_mr` does).
+//! returned: deregistration runs on the engine thread that makes every access, and each
+//! access checks that its region is still valid, so work in flight finds it gone. A
+//! borrowed region with a memory window bound is refused (busy), as by `ibv_dereg_mr`.
 //!
 //! As with ibverbs, the application must not read or write a range while a posted work
 //! request or a remote peer may be accessing it: the bytes it sees are then unspecified.

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -523,11 +524,47 @@ static void rc_loopback(void)
 		fcntl(ctx->async_fd, F_SETFL, fl);
 	}
 	ok(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "destroying QPs after events");
+
+	/* Deregistering a region a posted receive still names is allowed, as with rxe; the
+	 * receive then fails when a message comes, and the memory is not touched. */
+	a = make_qp(IBV_QPT_RC, cq, NULL, 16);
+	b = make_qp(IBV_QPT_RC, cq, NULL, 16);
+	to_init(a, IBV_QPT_RC);
+	to_init(b, IBV_QPT_RC);
+	connect_rc(a, b->qp_num, 7);
+	connect_rc(b, a->qp_num, 7);
+	{
+		char *spare = malloc(4096);
+		struct ibv_mr *rs = ibv_reg_mr(pd, spare, 4096, IBV_ACCESS_LOCAL_WRITE);
+		int k, bad = 0, fine = 0;
+
+		memset(spare, 0x33, 4096);
+		post_recv1(b, 40, spare, 4096, rs->lkey);
+		ok(ibv_dereg_mr(rs) == 0, "ibv_dereg_mr with a receive still posted on it");
+		post1(a, IBV_WR_SEND, 41, ma, 64, ra->lkey, 0, 0, 0);
+		n = poll_n(cq, wc, 2);
+		for (k = 0; k < n; k++) {
+			if (wc[k].wr_id == 40)
+				bad = wc[k].status != IBV_WC_SUCCESS;
+			if (wc[k].wr_id == 41)
+				fine = 1;
+		}
+		ok(n == 2 && bad && fine && spare[0] == 0x33 && spare[63] == 0x33,
+		   "the receive then fails and its memory is left alone");
+		free(spare);
+	}
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
 	ok(ibv_dereg_mr(ra) == 0 && ibv_dereg_mr(rb) == 0 && ibv_dereg_mr(rat) == 0 &&
 	   ibv_destroy_cq(cq) == 0, "clean up");
 	free(ma);
 	free(mb);
 	free(atom);
+}
+
+static void on_alarm(int sig)
+{
+	(void)sig;
 }
 
 /* Completion events: poll() on the channel, solicited-only arming, EAGAIN. */
@@ -568,6 +605,16 @@ static void completion_events(void)
 	ok(ibv_get_cq_event(ch, &ecq, &ectx) == -1 && errno == EAGAIN,
 	   "no event pending: EAGAIN on a non-blocking channel");
 	fcntl(ch->fd, F_SETFL, fl);
+	{
+		/* A signal ends a blocked wait with EINTR, as on rdma-core's event file. */
+		struct sigaction sa = { .sa_handler = on_alarm };
+
+		sigaction(SIGALRM, &sa, NULL);
+		ualarm(100000, 0);
+		errno = 0;
+		ok(ibv_get_cq_event(ch, &ecq, &ectx) == -1 && errno == EINTR,
+		   "a signal interrupts a blocked ibv_get_cq_event (EINTR)");
+	}
 
 	/* Solicited only: an unsolicited SEND does not wake; a solicited one does. */
 	ok(ibv_req_notify_cq(rcq, 1) == 0, "ibv_req_notify_cq (solicited only)");
