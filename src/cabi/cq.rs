@@ -18,7 +18,7 @@ use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::mem::MaybeUninit;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 /// A completion channel. `ibv` is in an `UnsafeCell` because its `refcnt` changes while
 /// other threads read the channel (rdma-core keeps that count for programs to see).
@@ -97,8 +97,6 @@ pub(crate) struct Cq {
     /// `end_poll`, which `polling` serialises as rxe's spin lock does.
     cur: UnsafeCell<Wc>,
     polling: AtomicBool,
-    /// When the polls that found nothing started (monotonic ns; 0: the last found some).
-    empty_since: AtomicU64,
 }
 
 /// # Safety
@@ -185,7 +183,6 @@ fn create(
             crate::verbs::WcStatus::Success,
         )),
         polling: AtomicBool::new(false),
-        empty_since: AtomicU64::new(0),
     });
     // SAFETY: fully written just now.
     let b = unsafe { b.assume_init() };
@@ -302,39 +299,96 @@ pub(crate) unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, wc: *mut ibv_w
             unsafe { *wc.add(i) = wc_to_c(&w) }
         }) as c_int;
         if got > 0 {
-            x.empty_since.store(0, Ordering::Relaxed);
+            busy_again();
         } else if !x.hub.rt.busy_poll() {
-            idle_poll(x);
+            idle_poll(&x.hub.rt);
         }
         got
     })
 }
 
 /// What an empty poll does when the engine does not busy-poll. Programs poll in a tight
-/// loop, and the engine threads that would deliver the next completion need the cores:
-/// - at first it gives the core away (`sched_yield`): the engine thread often shares it
-///   (ibv_rc_pingpong took 7.8 ms per round trip without this, 0.07 ms with it);
-/// - once the CQ has stayed empty for [`QUIET`], no round trip is under way (a
-///   ping-pong gets its completion sooner): a bulk transfer with completions far apart
-///   (perftest signals one WR in 100). The poll then waits up to [`NAP`] for a
-///   completion instead, so the spinning program stops taking half a core from the
-///   engines (measured: ib_write_bw's poller used 65% of a core).
-fn idle_poll(x: &Cq) {
+/// loop (a real provider's poll reads memory its NIC writes), but here the engine
+/// threads that deliver the next completion need the cores the loop takes. So the loop
+/// spins, then blocks, as an adaptive mutex does, by how long this thread's waits for a
+/// completion have lasted lately:
+/// - short waits (a ping-pong, a latency test: under [`SHORT`]) are spun out, giving
+///   the core away at each poll (`sched_yield`) to the engine thread that often shares
+///   it, for up to [`YIELD_FOR`]: waking a sleeping thread costs more than such a wait
+///   (ib_send_lat took 2 to 3 times as long when every wait slept);
+/// - long waits (a bandwidth test, one completion per 64 KiB message) sleep after
+///   [`SPINS`] empty polls in a row with no completion handed out on the device
+///   meanwhile: ib_write_bw's yielding poller switched with the engine thread 43 000
+///   times a second and cost the transfer about 10%. The sleep ends when the engine
+///   hands out a completion on any CQ of the device (the one the program waits for may
+///   be another it polls in turn), or after [`NAP`], since a program may poll while it
+///   waits for something no completion marks (a flag an RDMA WRITE sets).
+fn idle_poll(rt: &crate::runtime::Device) {
+    let mut s = IDLE.get();
     let now = crate::time::monotonic_ns();
-    let since = x.empty_since.load(Ordering::Relaxed);
-    if since == 0 {
-        x.empty_since.store(now, Ordering::Relaxed);
+    if s.since == 0 {
+        s.since = now;
+    }
+    let beats = rt.completion_beats();
+    if beats != s.seen {
+        s.seen = beats;
+        s.empty = 0;
+    }
+    s.empty = s.empty.saturating_add(1);
+    if s.typical < SHORT && now.saturating_sub(s.since) < YIELD_FOR {
         std::thread::yield_now();
-    } else if now.saturating_sub(since) > QUIET.as_nanos() as u64 {
-        x.rt.wait(NAP);
-    } else {
-        std::thread::yield_now();
+    } else if s.empty > SPINS {
+        rt.wait_completions(s.seen, NAP);
+    }
+    // Read here, after the yield or the sleep, so that the poll that finds the
+    // completion need not read the clock (it would cost that poll about 25 ns).
+    s.last = crate::time::monotonic_ns();
+    IDLE.set(s);
+}
+
+/// A successful poll: the wait (if there was one) ends, and counts into the typical.
+#[inline]
+fn busy_again() {
+    let s = IDLE.get();
+    if s.since != 0 {
+        let took = s.last.saturating_sub(s.since);
+        IDLE.set(Idle {
+            since: 0,
+            empty: 0,
+            typical: (s.typical.saturating_mul(7) / 8).saturating_add(took / 8),
+            ..s
+        });
     }
 }
 
-/// How long a CQ stays empty before polling it waits instead of yielding.
-const QUIET: std::time::Duration = std::time::Duration::from_micros(200);
-/// The longest such wait (a completion ends it at once).
+/// A polling thread's waiting, kept per thread: a thread polls its own CQs in turn.
+#[derive(Clone, Copy)]
+struct Idle {
+    /// When the polls that found nothing began (monotonic ns), 0 while polls find some.
+    since: u64,
+    /// When the last of those polls ended (monotonic ns): within one poll of the wait's end.
+    last: u64,
+    /// The device's completion beats at the last empty poll.
+    seen: u64,
+    /// Empty polls in a row that saw those same beats.
+    empty: u32,
+    /// How long waits lasted lately (ns; a moving average over about eight).
+    typical: u64,
+}
+
+thread_local! {
+    static IDLE: std::cell::Cell<Idle> = const {
+        std::cell::Cell::new(Idle { since: 0, last: 0, seen: 0, empty: 0, typical: 0 })
+    };
+}
+
+/// Waits shorter than this on average are spun out.
+const SHORT: u64 = 100_000;
+/// The longest a wait is spun out before it sleeps.
+const YIELD_FOR: u64 = 200_000;
+/// Empty polls (each a few nanoseconds) with nothing handed out before a sleep.
+const SPINS: u32 = 4;
+/// The longest sleep (a completion on the device ends it at once).
 const NAP: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// `ibv_context.ops.req_notify_cq`: the inline `ibv_req_notify_cq`.
@@ -535,6 +589,11 @@ unsafe extern "C" fn start_poll(c: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) 
         if r != 0 {
             // As rxe: no end_poll follows a start_poll that found nothing.
             x.polling.store(false, Ordering::Release);
+            if !x.hub.rt.busy_poll() {
+                idle_poll(&x.hub.rt);
+            }
+        } else {
+            busy_again();
         }
         r
     })

@@ -272,6 +272,56 @@ impl Shared {
     }
 }
 
+/// Wakes the threads waiting on `cv` for a change already made. Taking and releasing
+/// `lock` first orders the wake after any waiter's check-then-sleep (which holds the
+/// lock); notifying after the release keeps the woken thread from blocking at once on
+/// the lock the notifier still holds.
+fn wake(lock: &Mutex<()>, cv: &Condvar) {
+    drop(lock.lock().unwrap_or_else(|e| e.into_inner()));
+    cv.notify_all();
+}
+
+/// Completions handed out anywhere on a device: a count the engine threads bump once
+/// per batch, and a wait for the next bump. A program that polls several CQs in turn
+/// (a send CQ and a receive CQ) can sleep on it until any of them has work, where a
+/// wait on one CQ would sleep through the others' completions.
+#[derive(Default)]
+pub(crate) struct Pulse {
+    beats: CachePadded<AtomicU64>,
+    waiting: AtomicUsize,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Pulse {
+    /// The beats so far.
+    pub(crate) fn beats(&self) -> u64 {
+        self.beats.load(Ordering::SeqCst)
+    }
+
+    /// One more batch (engine threads).
+    pub(crate) fn beat(&self) {
+        // Against `wait`'s count and check (both SeqCst): either the waiter sees this
+        // beat, or this sees the waiter and wakes it (see `wake`).
+        self.beats.fetch_add(1, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            wake(&self.lock, &self.cv);
+        }
+    }
+
+    /// Sleeps until the count passes `seen`, or `timeout` passes.
+    pub(crate) fn wait(&self, seen: u64, timeout: Duration) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.beats() == seen {
+            drop(self.cv.wait_timeout(g, timeout));
+        } else {
+            drop(g);
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A started device. Cheap to clone; the engine stops when the last clone is dropped or
 /// `shutdown` is called.
 #[derive(Clone)]
@@ -349,8 +399,7 @@ impl CqShared {
             ch.notify(*token);
         }
         if self.waiting.load(Ordering::SeqCst) > 0 {
-            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-            self.cv.notify_all();
+            wake(&self.lock, &self.cv);
         }
         true
     }
@@ -820,6 +869,18 @@ impl Device {
     /// True when the engine threads poll without ever sleeping (`busy_poll`).
     pub fn busy_poll(&self) -> bool {
         self.sh.busy_poll
+    }
+
+    /// How many batches of completions the engine threads have handed out, on any CQ:
+    /// a value to pass to [`Device::wait_completions`].
+    pub fn completion_beats(&self) -> u64 {
+        self.sh.set.pulse.beats()
+    }
+
+    /// Sleeps until completions are handed out to any CQ of this device after
+    /// [`Device::completion_beats`] returned `seen`, or until `timeout` passes.
+    pub fn wait_completions(&self, seen: u64, timeout: Duration) {
+        self.sh.set.pulse.wait(seen, timeout)
     }
 
     /// How many engine threads run this device.

@@ -319,6 +319,8 @@ pub(crate) struct ShardSet {
     pub pool: ArrayQueue<Vec<u8>>,
     /// Each shard's published counters; shard 0 adds them up for the stats file.
     pub stats: Vec<Arc<Mutex<Stats>>>,
+    /// Beats once per batch of completions handed out, on any CQ.
+    pub pulse: super::Pulse,
 }
 
 /// A channel of frames handed from one engine thread to another (the last two bytes
@@ -364,6 +366,7 @@ impl ShardSet {
             fwd,
             pool,
             stats,
+            pulse: super::Pulse::default(),
         })
     }
 
@@ -953,17 +956,23 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
     });
     let cqs = &l.cqs;
     let mut lost: Vec<(u32, u32)> = Vec::new();
+    let mut handed = false;
     for (id, (sh, refused)) in &l.srqs {
         sh.done
             .store(l.engine.srq_taken(*id) + refused, Ordering::SeqCst);
     }
     l.engine.take_touched_cqs(|cq, wc, solicited| {
-        if let Some(c) = cqs.get(&cq)
-            && !c.push(wc, solicited)
-        {
-            lost.push((cq, wc.qp_num));
+        if let Some(c) = cqs.get(&cq) {
+            if c.push(wc, solicited) {
+                handed = true;
+            } else {
+                lost.push((cq, wc.qp_num));
+            }
         }
     });
+    if handed {
+        l.set.pulse.beat();
+    }
     for (cq, qpn) in lost {
         // A completion could not be handed over: the CQ overflowed (IBA 11.4.2.1).
         if !overflowed.contains(&cq) {
