@@ -477,64 +477,49 @@ fn perftests(pair: &Pair, mtu: u32) {
     }
 }
 
-#[test]
-fn rdma_core_tools_at_ib_mtu_1024() {
-    if !ready(&[
-        "ibv_rc_pingpong",
-        "ibv_uc_pingpong",
-        "ibv_ud_pingpong",
-        "ibv_srq_pingpong",
-    ]) {
+/// rdma-core's pingpong tools, which `pingpongs` runs.
+const PINGPONG_TOOLS: &[&str] = &[
+    "ibv_rc_pingpong",
+    "ibv_uc_pingpong",
+    "ibv_ud_pingpong",
+    "ibv_srq_pingpong",
+];
+/// The perftest tools `perftests` runs.
+const PERFTEST_TOOLS: &[&str] = &[
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+    "ib_atomic_bw",
+    "ib_write_lat",
+];
+
+/// Runs `body` on a fresh namespace pair (netdev MTU `mtu`) when root and `tools` are
+/// there, then checks that no XDP program was left behind.
+fn on_pair(name: &str, subnet: u8, mtu: u32, tools: &[&str], body: impl FnOnce(&Pair)) {
+    if !ready(tools) {
         return;
     }
-    let pair = Pair::new("rvp", 45, 1500).unwrap();
-    pingpongs(&pair, 1024);
+    let pair = Pair::new(name, subnet, mtu).unwrap();
+    body(&pair);
     assert_no_xdp_left(&pair);
+}
+
+#[test]
+fn rdma_core_tools_at_ib_mtu_1024() {
+    on_pair("rvp", 45, 1500, PINGPONG_TOOLS, |p| pingpongs(p, 1024));
 }
 
 #[test]
 fn rdma_core_tools_at_ib_mtu_4096() {
-    if !ready(&[
-        "ibv_rc_pingpong",
-        "ibv_uc_pingpong",
-        "ibv_ud_pingpong",
-        "ibv_srq_pingpong",
-    ]) {
-        return;
-    }
-    let pair = Pair::new("rvq", 46, 4200).unwrap();
-    pingpongs(&pair, 4096);
-    assert_no_xdp_left(&pair);
+    on_pair("rvq", 46, 4200, PINGPONG_TOOLS, |p| pingpongs(p, 4096));
 }
 
 #[test]
 fn perftest_at_ib_mtu_1024() {
-    if !ready(&[
-        "ib_write_bw",
-        "ib_read_bw",
-        "ib_send_bw",
-        "ib_atomic_bw",
-        "ib_write_lat",
-    ]) {
-        return;
-    }
-    let pair = Pair::new("rvr", 47, 1500).unwrap();
-    perftests(&pair, 1024);
-    assert_no_xdp_left(&pair);
+    on_pair("rvr", 47, 1500, PERFTEST_TOOLS, |p| perftests(p, 1024));
 }
 
 #[test]
 fn perftest_at_ib_mtu_4096() {
-    if !ready(&[
-        "ib_write_bw",
-        "ib_read_bw",
-        "ib_send_bw",
-        "ib_atomic_bw",
-        "ib_write_lat",
-    ]) {
-        return;
-    }
-    let pair = Pair::new("rvs", 48, 4200).unwrap();
-    perftests(&pair, 4096);
-    assert_no_xdp_left(&pair);
+    on_pair("rvs", 48, 4200, PERFTEST_TOOLS, |p| perftests(p, 4096));
 }

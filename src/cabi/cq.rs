@@ -9,7 +9,7 @@
 //! Completion timestamps are not offered (`ibv_create_cq_ex` with them: EOPNOTSUPP, as
 //! on rxe).
 
-use super::device::{Context, Hub, context};
+use super::device::{Context, Hub, context, forget_events};
 use super::sys::*;
 use super::{Acks, errno_of_rt, guard, set_errno};
 use crate::runtime::CompChannel;
@@ -267,9 +267,7 @@ pub extern "C" fn ibv_destroy_cq(c: *mut ibv_cq) -> c_int {
         // SAFETY: the C part is set at creation; context and channel never change.
         let (ctx, channel) = unsafe { ((*x.ex.get()).context, (*x.ex.get()).channel) };
         // SAFETY: the CQ's context is live while it has objects.
-        if let Some(ctx) = unsafe { context(ctx) } {
-            ctx.asyncq.forget(|e| e.element == c as usize);
-        }
+        unsafe { forget_events(ctx, c as usize) };
         // Events handed out must be acknowledged first, as rdma-core waits for them.
         x.comp_acks.wait_all();
         x.async_acks.wait_all();

@@ -46,17 +46,7 @@ static DEVICES: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// The node GUID of a MAC: EUI-64 with the universal/local bit flipped, as rxe derives
 /// it (`addrconf_addr_eui48`), in network order.
 pub(crate) fn guid_of(mac: [u8; 6]) -> u64 {
-    let g = [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ];
-    u64::from_ne_bytes(g)
+    u64::from_ne_bytes(crate::verbs::device::eui64_of(mac))
 }
 
 /// The device of `link`, created on first sight.
@@ -402,6 +392,18 @@ pub(crate) unsafe fn context<'a>(c: *mut ibv_context) -> Option<&'a Context> {
     // SAFETY: the caller's contract: `c` is the `context` field of a live `Context`,
     // whose first field is the `verbs_context` holding it at CTX_OFFSET.
     Some(unsafe { &*((c as *mut u8).sub(CTX_OFFSET) as *const Context) })
+}
+
+/// Drops the asynchronous events not yet handed out about an object being destroyed
+/// (`element`: its C pointer), so that none names it afterwards.
+///
+/// # Safety
+/// As [`context`]: `c` is the object's context, live while the object is.
+pub(crate) unsafe fn forget_events(c: *mut ibv_context, element: usize) {
+    // SAFETY: the caller's contract.
+    if let Some(c) = unsafe { context(c) } {
+        c.asyncq.forget(|e| e.element == element);
+    }
 }
 
 #[unsafe(no_mangle)]

@@ -9,7 +9,7 @@
 //! ENOMEM when the queue is full, with `*bad_wr` at the first WR not posted.
 
 use super::cq::cq;
-use super::device::{AsyncEv, Context, Hub, context};
+use super::device::{AsyncEv, Context, Hub, context, forget_events};
 use super::mr::{ah, av_of, mr, mw, pd};
 use super::sys::*;
 use super::{Acks, errno_of, errno_of_rt, guard, set_errno};
@@ -508,9 +508,7 @@ pub extern "C" fn ibv_destroy_qp(q: *mut ibv_qp) -> c_int {
             .qps
             .remove(&x.rt.qpn);
         // SAFETY: the QP's context, live while it has objects.
-        if let Some(c) = unsafe { context((*x.ex.get()).qp_base.context) } {
-            c.asyncq.forget(|e| e.element == q as usize);
-        }
+        unsafe { forget_events((*x.ex.get()).qp_base.context, q as usize) };
         x.acks.wait_all();
         // SAFETY: the box create() leaked, freed once now.
         drop(unsafe { Box::from_raw(q as *mut Qp) });
@@ -670,6 +668,49 @@ unsafe fn recv_wr_in(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     })
 }
 
+/// A work request of a program's linked list (`ibv_send_wr`, `ibv_recv_wr`).
+trait Linked {
+    fn next_wr(&self) -> *mut Self;
+}
+impl Linked for ibv_send_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+impl Linked for ibv_recv_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts a program's list of WRs in order with `post`, stopping at the first it
+/// refuses: that one goes to `*bad_wr` (when given) and its errno is returned, as
+/// rdma-core's providers do; the WRs before it stay posted.
+///
+/// # Safety
+/// `wr` is NULL or the head of a list of valid WRs; `bad_wr` is NULL or writable.
+#[inline]
+unsafe fn post_list<W: Linked>(
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    mut post: impl FnMut(&W) -> Result<(), c_int>,
+) -> c_int {
+    let mut w = wr;
+    while !w.is_null() {
+        // SAFETY: the caller's list: `w` is one of its WRs.
+        let x = unsafe { &*w };
+        if let Err(e) = post(x) {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller's out-pointer.
+                unsafe { *bad_wr = w };
+            }
+            return e;
+        }
+        w = x.next_wr();
+    }
+    0
+}
+
 /// `ibv_context.ops.post_send`: the inline `ibv_post_send`.
 pub(crate) unsafe extern "C" fn post_send(
     q: *mut ibv_qp,
@@ -682,22 +723,13 @@ pub(crate) unsafe extern "C" fn post_send(
             return libc::EINVAL;
         };
         let t = x.rt.qp_type();
-        let mut w = wr;
-        while !w.is_null() {
-            // SAFETY: the program's WR list, valid for the call.
-            let r = unsafe { send_wr_in(&*w, t) }
-                .and_then(|s| x.rt.post_send(&s).map_err(|e| errno_of(&e)));
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: the caller's out-pointer.
-                    unsafe { *bad_wr = w };
-                }
-                return e;
-            }
-            // SAFETY: as above.
-            w = unsafe { (*w).next };
-        }
-        0
+        let post = |w: &ibv_send_wr| {
+            // SAFETY: a WR of the program's list (its SG list holds num_sge entries).
+            let s = unsafe { send_wr_in(w, t) }?;
+            x.rt.post_send(&s).map_err(|e| errno_of(&e))
+        };
+        // SAFETY: the program's WR list and out-pointer, valid for the call.
+        unsafe { post_list(wr, bad_wr, post) }
     })
 }
 
@@ -712,22 +744,13 @@ pub(crate) unsafe extern "C" fn post_recv(
         let Some(x) = (unsafe { qp(q) }) else {
             return libc::EINVAL;
         };
-        let mut w = wr;
-        while !w.is_null() {
-            // SAFETY: the program's WR list, valid for the call.
-            let r = unsafe { recv_wr_in(&*w) }
-                .and_then(|r| x.rt.post_recv(&r).map_err(|e| errno_of(&e)));
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: the caller's out-pointer.
-                    unsafe { *bad_wr = w };
-                }
-                return e;
-            }
-            // SAFETY: as above.
-            w = unsafe { (*w).next };
-        }
-        0
+        let post = |w: &ibv_recv_wr| {
+            // SAFETY: a WR of the program's list (its SG list holds num_sge entries).
+            let r = unsafe { recv_wr_in(w) }?;
+            x.rt.post_recv(&r).map_err(|e| errno_of(&e))
+        };
+        // SAFETY: the program's WR list and out-pointer, valid for the call.
+        unsafe { post_list(wr, bad_wr, post) }
     })
 }
 
@@ -1267,9 +1290,7 @@ pub extern "C" fn ibv_destroy_srq(s: *mut ibv_srq) -> c_int {
             .srqs
             .remove(&x.rt.id);
         // SAFETY: the SRQ's context, live while it has objects.
-        if let Some(c) = unsafe { context((*x.ibv.get()).context) } {
-            c.asyncq.forget(|e| e.element == s as usize);
-        }
+        unsafe { forget_events((*x.ibv.get()).context, s as usize) };
         x.acks.wait_all();
         // SAFETY: the box create_srq_in leaked, freed once now.
         drop(unsafe { Box::from_raw(s as *mut Srq) });
@@ -1288,22 +1309,13 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         let Some(x) = (unsafe { srq(s) }) else {
             return libc::EINVAL;
         };
-        let mut w = wr;
-        while !w.is_null() {
-            // SAFETY: the program's WR list, valid for the call.
-            let r = unsafe { recv_wr_in(&*w) }
-                .and_then(|r| x.rt.post_recv(&r).map_err(|e| errno_of(&e)));
-            if let Err(e) = r {
-                if !bad_wr.is_null() {
-                    // SAFETY: the caller's out-pointer.
-                    unsafe { *bad_wr = w };
-                }
-                return e;
-            }
-            // SAFETY: as above.
-            w = unsafe { (*w).next };
-        }
-        0
+        let post = |w: &ibv_recv_wr| {
+            // SAFETY: a WR of the program's list (its SG list holds num_sge entries).
+            let r = unsafe { recv_wr_in(w) }?;
+            x.rt.post_recv(&r).map_err(|e| errno_of(&e))
+        };
+        // SAFETY: the program's WR list and out-pointer, valid for the call.
+        unsafe { post_list(wr, bad_wr, post) }
     })
 }
 

@@ -24,18 +24,11 @@ pub fn ip_of(gid: &Gid) -> IpAddr {
     }
 }
 
-/// The IPv6 link-local address derived from a MAC (modified EUI-64), which rxe puts at
-/// GID index 0.
-pub fn link_local_of(mac: [u8; 6]) -> Ipv6Addr {
-    Ipv6Addr::from([
-        0xfe,
-        0x80,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
+/// The modified EUI-64 interface identifier of a MAC (RFC 4291 appendix A: ff:fe in
+/// the middle, the universal/local bit flipped), as rxe derives its GUIDs and GID 0
+/// (`addrconf_addr_eui48`).
+pub fn eui64_of(mac: [u8; 6]) -> [u8; 8] {
+    [
         mac[0] ^ 0x02,
         mac[1],
         mac[2],
@@ -44,7 +37,16 @@ pub fn link_local_of(mac: [u8; 6]) -> Ipv6Addr {
         mac[3],
         mac[4],
         mac[5],
-    ])
+    ]
+}
+
+/// The IPv6 link-local address derived from a MAC (modified EUI-64), which rxe puts at
+/// GID index 0.
+pub fn link_local_of(mac: [u8; 6]) -> Ipv6Addr {
+    let mut a = [0u8; 16];
+    a[..2].copy_from_slice(&[0xfe, 0x80]);
+    a[8..].copy_from_slice(&eui64_of(mac));
+    Ipv6Addr::from(a)
 }
 
 /// Limits a device reports and enforces (`ibv_device_attr`).
