@@ -579,6 +579,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         CmMessage::Rtu {
             local_comm_id,
             remote_comm_id,
+            ..
         } => {
             let _ = writeln!(
                 out,
@@ -611,6 +612,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
             local_comm_id,
             remote_comm_id,
             remote_qpn,
+            ..
         } => {
             let _ = writeln!(
                 out,
@@ -620,10 +622,45 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         CmMessage::Drep {
             local_comm_id,
             remote_comm_id,
+            ..
         } => {
             let _ = writeln!(
                 out,
                 "  CM DREP   disconnect reply: local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}"
+            );
+        }
+        CmMessage::SidrReq(r) => {
+            let _ = writeln!(
+                out,
+                "  CM SIDR_REQ which UD QP serves service ID 0x{:016x} ({} port {})? request ID 0x{:08x}, P_Key 0x{:04x}",
+                r.service_id,
+                cm::port_space_name(r.service_id),
+                r.service_id & 0xffff,
+                r.request_id,
+                r.pkey
+            );
+            if let Some(c) = r.cma {
+                let _ = writeln!(
+                    out,
+                    "            rdma_cm header: {} port {} -> {} (IPv{})",
+                    c.src, c.src_port, c.dst, c.ip_version
+                );
+            }
+        }
+        CmMessage::SidrRep(r) => {
+            let what = match r.status {
+                0 => "QP valid",
+                1 => "service ID not supported",
+                2 => "rejected by the service",
+                3 => "no QP available",
+                4 => "redirect",
+                5 => "class version not supported",
+                _ => "reserved status",
+            };
+            let _ = writeln!(
+                out,
+                "  CM SIDR_REP status {} ({what}): service ID 0x{:016x} is served by UD QP 0x{:06x} with Q_Key 0x{:08x}; request ID 0x{:08x}",
+                r.status, r.service_id, r.qpn, r.qkey, r.request_id
             );
         }
         CmMessage::Other(a) => {
@@ -658,6 +695,8 @@ pub fn cm_tag(payload: &[u8]) -> Option<String> {
         CmMessage::Mra(_) => "CM MRA".to_string(),
         CmMessage::Dreq { .. } => "CM DREQ".to_string(),
         CmMessage::Drep { .. } => "CM DREP".to_string(),
+        CmMessage::SidrReq(_) => "CM SIDR_REQ".to_string(),
+        CmMessage::SidrRep(r) => format!("CM SIDR_REP status {} QP 0x{:06x}", r.status, r.qpn),
         CmMessage::Other(a) => format!("CM attr 0x{a:04x}"),
     })
 }
