@@ -17,6 +17,7 @@
 //! responder (`responder.rs`, `rc_request`) and the completer (`completer.rs`). Where
 //! memory is touched: `mem.rs`, through keys, bounds and access flags.
 
+pub mod cm;
 pub mod completer;
 pub mod counters;
 pub mod mem;
@@ -191,6 +192,8 @@ pub struct Engine {
     now: Time,
     /// QPs whose queues or state may have changed since `take_touched_qps`.
     touched_qps: Vec<u32>,
+    /// The Communication Manager on QP1.
+    cm: cm::Cm,
 }
 
 impl Engine {
@@ -219,6 +222,7 @@ impl Engine {
             timers: BinaryHeap::new(),
             now: Time::ZERO,
             touched_qps: Vec::new(),
+            cm: cm::Cm::new(),
         }
     }
 
@@ -1050,6 +1054,10 @@ impl Engine {
             return;
         }
         let qpn = bth.dest_qp();
+        if qpn == cm::GSI_QPN {
+            self.cm.handle_frame(&mut self.ctx, now, &f);
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             c.drop_unknown_qp += 1;
             return;
@@ -1067,7 +1075,11 @@ impl Engine {
             return;
         }
         if info.request {
+            let was_est = qp.comm_est;
             qp.handle_request(&mut self.ctx, now, &f);
+            if qp.comm_est && !was_est {
+                self.cm.comm_est(qpn);
+            }
         } else {
             qp.handle_response(&mut self.ctx, now, &f);
         }
@@ -1077,6 +1089,9 @@ impl Engine {
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Time) {
         self.now = self.now.max(now);
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+        }
         while let Some(Reverse((t, qpn))) = self.timers.peek().copied() {
             if t > now {
                 break;
@@ -1099,6 +1114,11 @@ impl Engine {
     /// its length, or `None` when nothing is ready.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
         self.now = self.now.max(now);
+        if self.cm.wants_transmit()
+            && let Some(n) = self.cm.poll_transmit(&mut self.ctx, buf)
+        {
+            return Some(n);
+        }
         while let Some(qpn) = self.ready.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
@@ -1128,12 +1148,89 @@ impl Engine {
     /// by the link (its transmit ring full), the driver must come back soon rather than
     /// wait for a frame or a timer.
     pub fn wants_transmit(&self) -> bool {
-        !self.ready.is_empty()
+        !self.ready.is_empty() || self.cm.wants_transmit()
     }
 
     /// The next time `handle_timeout` must be called.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.timers.peek().map(|r| r.0.0)
+        let qps = self.timers.peek().map(|r| r.0.0);
+        match (qps, self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ----- the Communication Manager (QP1) -----
+
+    /// Takes REQs and SIDR_REQs for `service_id` ([`cm::Cm::listen`]).
+    pub fn cm_listen(&mut self, service_id: u64) -> Result<(), Error> {
+        self.cm.listen(service_id)
+    }
+
+    pub fn cm_unlisten(&mut self, service_id: u64) {
+        self.cm.unlisten(service_id)
+    }
+
+    /// Sends a REQ for `p.qpn` ([`cm::Cm::connect`]).
+    pub fn cm_connect(&mut self, p: &cm::ConnectParams) -> Result<u32, Error> {
+        let now = self.now;
+        self.cm.connect(&mut self.ctx, now, p)
+    }
+
+    /// Answers a connect request with a REP.
+    pub fn cm_accept(&mut self, id: u32, p: &cm::AcceptParams) -> Result<(), Error> {
+        let now = self.now;
+        self.cm.accept(&self.ctx, now, id, p)
+    }
+
+    pub fn cm_reject(&mut self, id: u32, reason: u16, private_data: &[u8]) -> Result<(), Error> {
+        self.cm.reject(id, reason, private_data)
+    }
+
+    /// Active side, QP in RTS: sends the RTU.
+    pub fn cm_establish(&mut self, id: u32, private_data: &[u8]) -> Result<(), Error> {
+        self.cm.establish(id, private_data)
+    }
+
+    pub fn cm_disconnect(&mut self, id: u32, private_data: &[u8]) -> Result<(), Error> {
+        let now = self.now;
+        self.cm.disconnect(&mut self.ctx, now, id, private_data)
+    }
+
+    /// The consumer is done with `id`.
+    pub fn cm_destroy(&mut self, id: u32) {
+        let now = self.now;
+        self.cm.destroy(&mut self.ctx, now, id)
+    }
+
+    pub fn cm_sidr_request(&mut self, p: &cm::SidrParams) -> Result<u32, Error> {
+        let now = self.now;
+        self.cm.sidr_request(&mut self.ctx, now, p)
+    }
+
+    pub fn cm_sidr_reply(
+        &mut self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), Error> {
+        self.cm.sidr_reply(id, status, qpn, qkey, private_data)
+    }
+
+    /// True while CM events wait for `poll_cm_event`.
+    pub fn has_cm_events(&self) -> bool {
+        self.cm.has_events()
+    }
+
+    /// The next CM event.
+    pub fn poll_cm_event(&mut self) -> Option<cm::CmEvent> {
+        self.cm.poll_event()
+    }
+
+    pub fn cm_counters(&self) -> &cm::CmCounters {
+        &self.cm.counters
     }
 }
 
