@@ -41,10 +41,11 @@ fn verbs_bindings(out: &std::path::Path) {
     let header = "src/cabi/verbs.h";
     println!("cargo:rerun-if-changed={header}");
     println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    println!("cargo:rerun-if-changed=/usr/include/rdma/rdma_cma.h");
     let b = bindgen::Builder::default()
         .header(header)
-        .allowlist_type("ibv_.*|_ibv_.*|verbs_.*|ib_uverbs_(qp|ah)_attr|ib_user_path_rec")
-        .allowlist_var("IBV_.*|VERBS_.*|IB_UVERBS_.*")
+        .allowlist_type("ibv_.*|_ibv_.*|verbs_.*|ib_uverbs_(qp|ah)_attr|ib_user_path_rec|rdma_.*")
+        .allowlist_var("IBV_.*|VERBS_.*|IB_UVERBS_.*|RDMA_.*|RAI_.*")
         .default_enum_style(bindgen::EnumVariation::Consts)
         .prepend_enum_name(false)
         .derive_default(true)
@@ -54,7 +55,7 @@ fn verbs_bindings(out: &std::path::Path) {
         .unwrap_or_else(|e| {
             panic!(
                 "generating the verbs bindings from {header} failed: {e}\n(it needs \
-                 libibverbs-dev and libclang: run tools/setup.sh)"
+                 libibverbs-dev, librdmacm-dev and libclang: run tools/setup.sh)"
             )
         });
     b.write_to_file(out.join("verbs_sys.rs"))

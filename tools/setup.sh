@@ -8,7 +8,7 @@ PKGS=(
     # build: the XDP program (clang, llvm), libbpf-sys / xsk-rs C parts, the C ABI's
     # structures (bindgen reads rdma-core's headers with libclang)
     clang llvm libclang-dev libelf-dev zlib1g-dev pkg-config m4 make gcc libc6-dev
-    libibverbs-dev
+    libibverbs-dev librdmacm-dev
     # tests: network namespaces, veth, loss injection, captures, dropping root
     iproute2 nftables tcpdump iputils-ping util-linux
     # tests: unmodified verbs programs on the C ABI (rdma-core's tools, perftest)

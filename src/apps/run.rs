@@ -4,8 +4,9 @@
 //!
 //! The library is built beside the `roce-xdp` binary (`libroce_xdp.so`, SONAME
 //! `libibverbs.so.1`). `run` keeps a directory of links to it under the names the
-//! program's loader looks for (`libibverbs.so.1`, and `libmlx5.so.1` / `libefa.so.1`,
-//! which perftest links against: the loader finds the same file and maps it once), puts
+//! program's loader looks for (`libibverbs.so.1`, `librdmacm.so.1` for rdma_cm programs,
+//! and `libmlx5.so.1` / `libefa.so.1`, which perftest links against: the loader finds
+//! the same file and maps it once), puts
 //! that directory first in `LD_LIBRARY_PATH`, and execs the program. Nothing is
 //! installed: other programs, and hosts with real RDMA NICs, keep the system library.
 
@@ -15,7 +16,12 @@ use std::path::{Path, PathBuf};
 /// The library file's name as cargo builds it.
 pub const LIB_FILE: &str = "libroce_xdp.so";
 /// The names the program's loader is given for it.
-pub const LIB_NAMES: [&str; 3] = ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"];
+pub const LIB_NAMES: [&str; 4] = [
+    "libibverbs.so.1",
+    "librdmacm.so.1",
+    "libmlx5.so.1",
+    "libefa.so.1",
+];
 
 /// How to run the program.
 #[derive(Debug, Clone, Default)]

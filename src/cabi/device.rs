@@ -50,7 +50,7 @@ pub(crate) fn guid_of(mac: [u8; 6]) -> u64 {
 }
 
 /// The device of `link`, created on first sight.
-fn device_for(link: &Link) -> *mut ibv_device {
+pub(crate) fn device_for(link: &Link) -> *mut ibv_device {
     let mut all = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     for &p in all.iter() {
         // SAFETY: the registry holds leaked boxes of `Dev`, never freed.
@@ -267,6 +267,10 @@ fn hub_for(d: &Dev) -> Result<Arc<Hub>, (i32, String)> {
     let r2 = routes.clone();
     cfg.event_hook = Some(EventHook(Arc::new(move |e| {
         r2.lock().unwrap_or_else(|e| e.into_inner()).dispatch(e)
+    })));
+    let dev_name = name.clone();
+    cfg.cm_hook = Some(crate::runtime::CmHook(Arc::new(move |e| {
+        super::cm::on_engine_event(&dev_name, e)
     })));
     cfg.port_ifname = Some(netdev.clone());
     cfg.busy_poll = std::env::var("ROCE_XDP_BUSY_POLL").is_ok_and(|v| v == "1");

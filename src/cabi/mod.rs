@@ -24,11 +24,13 @@
 //!   the process may use it, else on the UDP link (one line on stderr says so), and
 //!   stops at `ibv_close_device` or exit.
 
+mod cm;
 mod compat;
 mod cq;
 mod device;
 mod mr;
 mod qp;
+mod rsocket;
 mod standin;
 mod strings;
 pub mod sys;

@@ -5,3 +5,4 @@
 #include <infiniband/sa.h>
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_sa.h>
+#include <rdma/rdma_cma.h>

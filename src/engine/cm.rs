@@ -166,6 +166,8 @@ pub struct ReqInfo {
     /// The peer's GID (the REQ's primary local GID) and the local one it addressed.
     pub remote_gid: Gid,
     pub local_gid: Gid,
+    /// The MAC the REQ came from: the next hop towards the peer.
+    pub remote_mac: Option<[u8; 6]>,
     pub traffic_class: u8,
     pub hop_limit: u8,
     pub private_data: Vec<u8>,
@@ -852,6 +854,10 @@ impl Cm {
             return;
         }
         if !self.listening.contains(&q.service_id) {
+            tracing::debug!(
+                "CM: REQ for service ID 0x{:016x}: nobody listens (REJ invalid service ID)",
+                q.service_id
+            );
             self.send_rej(
                 peer,
                 tid,
@@ -916,6 +922,7 @@ impl Cm {
                 srq: q.srq,
                 remote_gid: q.primary_local_gid,
                 local_gid: q.primary_remote_gid,
+                remote_mac: peer.av.dmac,
                 traffic_class: q.primary_traffic_class,
                 hop_limit: q.primary_hop_limit,
                 private_data: q.private_data.to_vec(),

@@ -36,6 +36,7 @@ mod worker;
 pub use channel::{CompChannel, FdQueue};
 
 use crate::engine::Counters;
+use crate::engine::cm::{AcceptParams, CmCounters, CmEvent, ConnectParams, SidrParams};
 use crate::link::xdp::XdpConfig;
 use crate::verbs::{
     AccessFlags, AddressVector, AsyncEvent, DeviceConfig, Error, Gid, Memory, MrInfo, Mtu, Mw,
@@ -95,6 +96,9 @@ pub struct RuntimeConfig {
     /// Where asynchronous events go instead of [`Device::next_event`] (called on the
     /// engine thread: it must not block).
     pub event_hook: Option<EventHook>,
+    /// Where the Communication Manager's events go instead of
+    /// [`Device::next_cm_event`] (on the engine thread: it must not block).
+    pub cm_hook: Option<CmHook>,
 }
 
 /// A function that takes the device's asynchronous events as they happen.
@@ -107,11 +111,24 @@ impl std::fmt::Debug for EventHook {
     }
 }
 
-/// Where the engine threads put asynchronous events.
+/// A function that takes the Communication Manager's events as they happen (on the
+/// engine thread: it must not block).
+#[derive(Clone)]
+pub struct CmHook(pub Arc<dyn Fn(CmEvent) + Send + Sync>);
+
+impl std::fmt::Debug for CmHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CmHook")
+    }
+}
+
+/// Where the engine threads put asynchronous and CM events.
 #[derive(Clone)]
 pub(crate) struct EventSink {
     tx: crossbeam::channel::Sender<AsyncEvent>,
     hook: Option<EventHook>,
+    cm_tx: crossbeam::channel::Sender<CmEvent>,
+    cm_hook: Option<CmHook>,
 }
 
 impl EventSink {
@@ -120,6 +137,15 @@ impl EventSink {
             Some(h) => (h.0)(e),
             None => {
                 let _ = self.tx.send(e);
+            }
+        }
+    }
+
+    pub(crate) fn send_cm(&self, e: CmEvent) {
+        match &self.cm_hook {
+            Some(h) => (h.0)(e),
+            None => {
+                let _ = self.cm_tx.send(e);
             }
         }
     }
@@ -143,6 +169,7 @@ impl RuntimeConfig {
             threads: 1,
             port_ifname: None,
             event_hook: None,
+            cm_hook: None,
         }
     }
 
@@ -256,6 +283,7 @@ struct Shared {
     /// The engine threads' doorbells, wake-up lines, QP owners and counters.
     set: Arc<worker::ShardSet>,
     events: Receiver<AsyncEvent>,
+    cm_events: Receiver<CmEvent>,
     info: DeviceInfo,
     netns: Option<String>,
     busy_poll: bool,
@@ -828,9 +856,12 @@ impl Device {
         }
         let set = Arc::new(worker::ShardSet::new(threads).map_err(RuntimeError::Setup)?);
         let (tx, ev_rx) = crossbeam::channel::unbounded();
+        let (cm_tx, cm_rx) = crossbeam::channel::unbounded();
         let ev_tx = EventSink {
             tx,
             hook: cfg.event_hook.clone(),
+            cm_tx,
+            cm_hook: cfg.cm_hook.clone(),
         };
         let (ready_tx, ready_rx) = crossbeam::channel::bounded(1);
         let netns = cfg.netns.clone();
@@ -856,6 +887,7 @@ impl Device {
         let sh = Arc::new(Shared {
             set,
             events: ev_rx,
+            cm_events: cm_rx,
             info,
             netns,
             busy_poll,
@@ -1306,6 +1338,82 @@ impl Device {
     /// The next asynchronous event, waiting up to `timeout`.
     pub fn next_event(&self, timeout: Duration) -> Option<AsyncEvent> {
         self.sh.events.recv_timeout(timeout).ok()
+    }
+
+    // ----- the Communication Manager on QP1 (engine thread 0 runs it) -----
+
+    /// Takes REQs and SIDR_REQs for `service_id` (rdma_cm: port space << 16 | port).
+    pub fn cm_listen(&self, service_id: u64) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_listen(service_id))
+    }
+
+    pub fn cm_unlisten(&self, service_id: u64) -> Result<(), RuntimeError> {
+        self.verbs(move |l| {
+            l.engine.cm_unlisten(service_id);
+            Ok(())
+        })
+    }
+
+    /// Sends a REQ; the connection's ID, which the CM events name.
+    pub fn cm_connect(&self, p: ConnectParams) -> Result<u32, RuntimeError> {
+        self.verbs(move |l| l.engine.cm_connect(&p))
+    }
+
+    pub fn cm_accept(&self, id: u32, p: AcceptParams) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_accept(id, &p))
+    }
+
+    pub fn cm_reject(&self, id: u32, reason: u16, pdata: Vec<u8>) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_reject(id, reason, &pdata))
+    }
+
+    /// Active side, QP in RTS: sends the RTU.
+    pub fn cm_establish(&self, id: u32, pdata: Vec<u8>) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_establish(id, &pdata))
+    }
+
+    pub fn cm_disconnect(&self, id: u32, pdata: Vec<u8>) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_disconnect(id, &pdata))
+    }
+
+    /// The consumer is done with connection `id`.
+    pub fn cm_destroy(&self, id: u32) -> Result<(), RuntimeError> {
+        self.verbs(move |l| {
+            l.engine.cm_destroy(id);
+            Ok(())
+        })
+    }
+
+    pub fn cm_sidr_request(&self, p: SidrParams) -> Result<u32, RuntimeError> {
+        self.verbs(move |l| l.engine.cm_sidr_request(&p))
+    }
+
+    pub fn cm_sidr_reply(
+        &self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        pdata: Vec<u8>,
+    ) -> Result<(), RuntimeError> {
+        self.verbs(move |l| l.engine.cm_sidr_reply(id, status, qpn, qkey, &pdata))
+    }
+
+    /// Adds a neighbour entry (the MAC of `ip`) to the engine's table.
+    pub fn set_neighbor(&self, ip: IpAddr, mac: [u8; 6]) -> Result<(), RuntimeError> {
+        self.verbs_all(move |l| {
+            l.engine.set_neighbor(ip, mac);
+            Ok(())
+        })
+    }
+
+    pub fn cm_counters(&self) -> Result<CmCounters, RuntimeError> {
+        self.verbs(|l| Ok(*l.engine.cm_counters()))
+    }
+
+    /// The next CM event (without a [`RuntimeConfig::cm_hook`]), waiting up to `timeout`.
+    pub fn next_cm_event(&self, timeout: Duration) -> Option<CmEvent> {
+        self.sh.cm_events.recv_timeout(timeout).ok()
     }
 
     /// The engine's counters and the link's, as last published (every few ms).

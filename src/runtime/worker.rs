@@ -988,6 +988,9 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
     while let Some(e) = l.engine.poll_event() {
         events.send(e);
     }
+    while let Some(e) = l.engine.poll_cm_event() {
+        events.send_cm(e);
+    }
 }
 
 fn write_stats(path: &std::path::Path, s: &Stats) {
