@@ -9,53 +9,12 @@
 //! `ROCE_REQUIRE_ROOT=1`.
 
 mod common;
+use common::cabi::*;
 use common::rt::*;
 use roce_xdp::netns::{Netns, Pair};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// Root, namespaces and the named programs, or a printed reason to skip.
-fn ready(programs: &[&str]) -> bool {
-    if !need_root() {
-        return false;
-    }
-    for p in programs {
-        let found = std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(p).is_file()));
-        if !found {
-            let why = format!("{p} is not installed (tools/setup.sh installs it)");
-            if std::env::var_os("ROCE_REQUIRE_ROOT").is_some() {
-                panic!("cannot run: {why}");
-            }
-            eprintln!("SKIPPED: {why}");
-            return false;
-        }
-    }
-    true
-}
-
-/// The verbs library built with these tests (`cargo test` rebuilds target/*/deps only).
-fn lib() -> PathBuf {
-    let bin = Path::new(bin());
-    let deps = bin.parent().unwrap().join("deps").join("libroce_xdp.so");
-    if deps.is_file() {
-        deps
-    } else {
-        bin.parent().unwrap().join("libroce_xdp.so")
-    }
-}
-
-/// `roce-xdp run [extra] -- args...` inside `ns`.
-fn run_in(ns: &Netns, extra: &[&str], args: &[&str]) -> Command {
-    let mut c = ns.command(bin());
-    let l = lib();
-    c.args(["run", "--lib", l.to_str().unwrap()]);
-    c.args(extra);
-    c.arg("--");
-    c.args(args);
-    c
-}
 
 /// Waits until something listens on TCP `port` in `ns` (a server's exchange socket).
 fn wait_listening(ns: &Netns, port: u16, secs: u64) -> bool {
@@ -96,20 +55,6 @@ fn pair_run(
         "{server:?} / {client:?} failed\n--- server:\n{out_s}\n--- client:\n{out_c}"
     );
     (out_s, out_c)
-}
-
-/// No XDP program is left on the interface once the programs ended.
-fn assert_no_xdp_left(pair: &Pair) {
-    for ns in [&pair.a, &pair.b] {
-        let o = ns
-            .exec(&["ip", "-d", "link", "show", &pair.ifname])
-            .unwrap();
-        let t = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            !t.contains("prog/xdp"),
-            "an XDP program was left behind:\n{t}"
-        );
-    }
 }
 
 /// Builds tests/c/verbs_api.c against the system's headers and libibverbs.

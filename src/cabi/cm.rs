@@ -39,9 +39,25 @@ use std::time::Duration;
 
 /// What rdma_cm puts in front of the consumer's private data in a REQ (IBA annex A11).
 const CMA_HDR: usize = CMA_HEADER_LEN;
-/// rdma_cm's default CM response timeout and retries (`cma.c`).
+/// rdma_cm's default CM response timeout and retries (`cma.c`). The kernel's are fixed;
+/// `ROCE_XDP_CM_TIMEOUT` (the code, 4.096 us x 2^t) and `ROCE_XDP_CM_RETRIES` change
+/// these, so that a test (or an impatient user) sees an unanswered REQ fail in seconds
+/// rather than after a minute.
 const CM_RESPONSE_TIMEOUT: u8 = 20;
 const MAX_CM_RETRIES: u8 = 15;
+
+fn cm_timing() -> (u8, u8) {
+    let get = |k: &str, d: u8, max: u8| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse::<u8>().ok())
+            .map_or(d, |v| v.min(max))
+    };
+    (
+        get("ROCE_XDP_CM_TIMEOUT", CM_RESPONSE_TIMEOUT, 31),
+        get("ROCE_XDP_CM_RETRIES", MAX_CM_RETRIES, 15),
+    )
+}
 /// The QP's local ACK timeout rdma_cm gives RoCE paths (packet lifetime 18 + 1).
 const ACK_TIMEOUT: u8 = 19;
 
@@ -1248,8 +1264,8 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
                 dgid: gid_of(dst.ip()),
                 sgid_index: s.sgid_index,
                 dmac: s.dmac,
-                cm_response_timeout: CM_RESPONSE_TIMEOUT,
-                max_cm_retries: MAX_CM_RETRIES,
+                cm_response_timeout: cm_timing().0,
+                max_cm_retries: cm_timing().1,
                 private_data: pdata,
             })
         } else {
@@ -1287,8 +1303,7 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
                 // SAFETY: as above.
                 && unsafe { (*conn_param).srq } != 0;
             p.local_ack_timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
-            p.cm_response_timeout = CM_RESPONSE_TIMEOUT;
-            p.max_cm_retries = MAX_CM_RETRIES;
+            (p.cm_response_timeout, p.max_cm_retries) = cm_timing();
             p.private_data = pdata;
             hub.rt.cm_connect(p)
         };

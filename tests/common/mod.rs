@@ -2,6 +2,7 @@
 //! ibv_rc_pingpong connects them.
 #![allow(dead_code)]
 
+pub mod cabi;
 pub mod rt;
 pub mod transfer;
 
