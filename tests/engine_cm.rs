@@ -56,7 +56,8 @@ fn setup(ab: LinkConfig, ba: LinkConfig, seed: u64) -> (Sim<Engine, Engine>, Sid
     (sim(a, b, ab, ba, seed), sa, sb)
 }
 
-/// The whole handshake as rdma_cm drives it, then a SEND over the connected QPs.
+/// The whole handshake as rdma_cm drives it, then a SEND over the connected QPs. Each
+/// side's Starting PSN is the one its QP expects (its rq_psn); the peer sends from it.
 fn handshake(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) -> (u32, u32) {
     let ida = s.a.cm_connect(&params(sa.qpn)).unwrap();
     let Some((1, CmEvent::ConnectRequest { id: idb, req })) = next_event(s) else {
@@ -78,8 +79,8 @@ fn handshake(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) -> (u32, u32) {
         sa.qpn,
         IP_A,
         Mtu::Mtu1024,
-        0x5678,
         0x1234,
+        0x5678,
         |_| {},
     );
     let acc = AcceptParams {
@@ -110,8 +111,8 @@ fn handshake(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) -> (u32, u32) {
         sb.qpn,
         IP_B,
         Mtu::Mtu1024,
-        0x1234,
         0x5678,
+        0x1234,
         |_| {},
     );
     s.a.cm_establish(ida, &[]).unwrap();
@@ -263,8 +264,8 @@ fn lost_mads_are_retried_and_never_make_a_second_connection() {
                         sa.qpn,
                         IP_A,
                         Mtu::Mtu1024,
-                        9,
                         0x1234,
+                        9,
                         |_| {},
                     );
                     let acc = AcceptParams {
@@ -287,8 +288,8 @@ fn lost_mads_are_retried_and_never_make_a_second_connection() {
                         sb.qpn,
                         IP_B,
                         Mtu::Mtu1024,
-                        0x1234,
                         9,
+                        0x1234,
                         |_| {},
                     );
                     s.a.cm_establish(id, &[]).unwrap();
@@ -330,8 +331,8 @@ fn first_data_establishes_the_passive_side_without_the_rtu() {
         sa.qpn,
         IP_A,
         Mtu::Mtu1024,
-        7,
         0x1234,
+        7,
         |_| {},
     );
     let acc = AcceptParams {
@@ -354,8 +355,8 @@ fn first_data_establishes_the_passive_side_without_the_rtu() {
         sb.qpn,
         IP_B,
         Mtu::Mtu1024,
-        0x1234,
         7,
+        0x1234,
         |_| {},
     );
     s.link.set_config(0, LinkConfig::lossy(1.0));

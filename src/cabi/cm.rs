@@ -350,6 +350,9 @@ struct IdState {
     ep_attr: Option<(usize, ibv_qp_init_attr)>,
     /// CQs and channels rdma_create_qp made (destroyed with the QP).
     own_cqs: bool,
+    /// The QP rdma_create_qp made, by number (the dispatcher stops it on a DREQ without
+    /// touching the program's pointer, which the program may free at any time).
+    qpn: Option<u32>,
     path: Box<ibv_sa_path_rec>,
     connected: bool,
 }
@@ -383,8 +386,14 @@ impl Id {
 /// # Safety
 /// `i` is NULL or an ID from `rdma_create_id` (or a CONNECT_REQUEST), not destroyed.
 unsafe fn cm_id<'a>(i: *mut rdma_cm_id) -> Option<&'a Id> {
-    // SAFETY: the caller's contract; `ibv` is the first field of the repr(C) Id.
-    (!i.is_null()).then(|| unsafe { &*(i as *const Id) })
+    // A pointer that is not a live ID of ours (a program's error path passing garbage)
+    // is refused, rather than dereferenced.
+    if i.is_null() || !registry().ids.contains(&(i as usize)) {
+        return None;
+    }
+    // SAFETY: a live ID (in the registry until rdma_destroy_id); `ibv` is the first
+    // field of the repr(C) Id.
+    Some(unsafe { &*(i as *const Id) })
 }
 
 fn new_id(
@@ -423,6 +432,7 @@ fn new_id(
         }),
         acked: Condvar::new(),
     }));
+    registry().ids.insert(id.raw() as usize);
     Ok(id)
 }
 
@@ -474,6 +484,8 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             (s.hub.clone(), s.conn.take(), std::mem::take(&mut s.listens))
         };
+        // No event is being turned into one for this ID while it goes away.
+        let _quiet = DISPATCHING.lock().unwrap_or_else(|e| e.into_inner());
         unregister(i);
         for (h, sid) in listens {
             let _ = h.rt.cm_unlisten(sid);
@@ -655,8 +667,32 @@ fn shared_context(name: &str, l: &crate::links::Link) -> Result<*mut ibv_context
             .raw_os_error()
             .unwrap_or(libc::ENODEV));
     }
+    if all.is_empty() {
+        // librdmacm's contexts live until exit; the engines then stop as at
+        // ibv_close_device (the capture written out, the XDP program detached).
+        // SAFETY: registering a plain extern "C" function.
+        unsafe { libc::atexit(stop_engines) };
+    }
     all.push((name.to_string(), ctx as usize));
     Ok(ctx)
+}
+
+extern "C" fn stop_engines() {
+    guard("rdma_cm exit", (), || {
+        let all: Vec<usize> = CONTEXTS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, c)| *c)
+            .collect();
+        for c in all {
+            // SAFETY: contexts in CONTEXTS stay open until now.
+            if let Some(c) = unsafe { context(c as *mut ibv_context) } {
+                c.hub.rt.cm_linger(Duration::from_secs(2));
+                c.hub.rt.shutdown();
+            }
+        }
+    })
 }
 
 fn context_of(dev: &str) -> *mut ibv_context {
@@ -874,7 +910,8 @@ fn connect_qp(i: &Id, qp: *mut ibv_qp) -> Result<(), c_int> {
         qp_state: IBV_QPS_RTR,
         path_mtu: mtu as u32,
         dest_qp_num: s.remote_qpn,
-        rq_psn: s.remote_psn,
+        // Our own PSN, the one our REQ or REP announced (see ConnectParams).
+        rq_psn: s.psn,
         max_dest_rd_atomic: s.responder_resources,
         min_rnr_timer: 12,
         ..Default::default()
@@ -907,7 +944,7 @@ fn connect_qp(i: &Id, qp: *mut ibv_qp) -> Result<(), c_int> {
     a.timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
     a.retry_cnt = s.retry_count;
     a.rnr_retry = s.rnr_retry_count;
-    a.sq_psn = s.psn;
+    a.sq_psn = s.remote_psn;
     a.max_rd_atomic = s.initiator_depth;
     modify(
         qp,
@@ -1012,7 +1049,10 @@ fn create_qp(i: &Id, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> Result<(),
         (*i.raw()).pd = pd;
         (*i.raw()).srq = attr.srq;
     }
-    i.st().own_cqs = own;
+    let mut s = i.st();
+    s.own_cqs = own;
+    // SAFETY: the QP just created.
+    s.qpn = Some(unsafe { (*qp).qp_num });
     Ok(())
 }
 
@@ -1090,6 +1130,7 @@ pub extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
         if !qp.is_null() {
             super::qp::ibv_destroy_qp(qp);
         }
+        i.st().qpn = None;
         // SAFETY: the program's own ID.
         let r = unsafe { &mut *i.raw() };
         r.qp = null_mut();
@@ -1151,7 +1192,7 @@ pub extern "C" fn rdma_init_qp_attr(
                     .map_or(IBV_MTU_1024, |h| h.rt.info().port_mtu as u32);
                 a.path_mtu = s.remote_mtu.map_or(mtu, |m| (m as u32).min(mtu));
                 a.dest_qp_num = s.remote_qpn;
-                a.rq_psn = s.remote_psn;
+                a.rq_psn = s.psn;
                 a.max_dest_rd_atomic = s.responder_resources;
                 a.min_rnr_timer = 12;
                 a.ah_attr.is_global = 1;
@@ -1174,7 +1215,7 @@ pub extern "C" fn rdma_init_qp_attr(
                 a.timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
                 a.retry_cnt = s.retry_count;
                 a.rnr_retry = s.rnr_retry_count;
-                a.sq_psn = s.psn;
+                a.sq_psn = s.remote_psn;
                 a.max_rd_atomic = s.initiator_depth;
                 (
                     IBV_QPS_RTS,
@@ -1255,6 +1296,9 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
         let sid = service_id(i.ps(), dst.port());
         tracing::debug!("rdma_cm: connecting {src} -> {dst} (service ID 0x{sid:016x})");
         let ud = i.ps() == RDMA_PS_UDP || i.ps() == RDMA_PS_IPOIB;
+        // The registry stays locked until the connection is in it: the REP may come
+        // back before cm_connect returns, and the dispatcher must find its ID.
+        let mut reg = registry();
         let r = if ud {
             if pdata.len() > crate::wire::cm::SIDR_REQ_PDATA {
                 return fail(libc::EINVAL);
@@ -1311,11 +1355,12 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
             Ok(c) => c,
             Err(e) => return fail(errno_of_rt(&e)),
         };
+        reg.conns
+            .insert((s.dev.clone(), conn), i as *const Id as usize);
+        drop(reg);
         s.conn = Some(conn);
         let sync = s.sync;
-        let dev = s.dev.clone();
         drop(s);
-        register(&dev, conn, i);
         if sync {
             return wait_for(i, &[RDMA_CM_EVENT_ESTABLISHED]);
         }
@@ -1359,13 +1404,19 @@ pub extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
         if hubs.is_empty() {
             return fail(libc::ENODEV);
         }
+        // Registered before the engines listen: a REQ may arrive the moment one does,
+        // and the dispatcher must find whom it is for.
+        let me = i as *const Id as usize;
+        registry()
+            .listeners
+            .extend(hubs.iter().map(|(_, dev)| (dev.clone(), sid, me)));
         let mut done: Vec<(Arc<Hub>, String)> = Vec::new();
         for (h, dev) in hubs {
             if let Err(e) = h.rt.cm_listen(sid) {
                 for (h, _) in &done {
                     let _ = h.rt.cm_unlisten(sid);
                 }
-                let _ = dev;
+                registry().listeners.retain(|l| l.2 != me);
                 return fail(match errno_of_rt(&e) {
                     libc::EBUSY => libc::EADDRINUSE,
                     x => x,
@@ -1373,13 +1424,6 @@ pub extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
             }
             done.push((h, dev));
         }
-        let mut g = registry();
-        for (h, dev) in &done {
-            g.listeners
-                .push((dev.clone(), sid, i as *const Id as usize));
-            let _ = h;
-        }
-        drop(g);
         i.st().listens = done.into_iter().map(|(h, _)| (h, sid)).collect();
         0
     })
@@ -1575,6 +1619,8 @@ fn wait_for(i: &Id, want: &[rdma_cm_event_type]) -> c_int {
 
 #[derive(Default)]
 struct Registry {
+    /// Every live ID.
+    ids: std::collections::HashSet<usize>,
     /// (device, engine connection ID) -> ID.
     conns: HashMap<(String, u32), usize>,
     /// (device, service ID, listening ID).
@@ -1597,6 +1643,7 @@ fn register(dev: &str, conn: u32, i: &Id) {
 fn unregister(i: &Id) {
     let p = i as *const Id as usize;
     let mut g = registry();
+    g.ids.remove(&p);
     g.conns.retain(|_, v| *v != p);
     g.listeners.retain(|l| l.2 != p);
 }
@@ -1611,6 +1658,7 @@ pub(crate) fn on_engine_event(dev: &str, e: CmEvent) {
             .name("roce-xdp-cm".into())
             .spawn(move || {
                 while let Ok((dev, e)) = rx.recv() {
+                    let _busy = DISPATCHING.lock().unwrap_or_else(|e| e.into_inner());
                     guard("rdma_cm events", (), || dispatch(&dev, e));
                 }
             });
@@ -1618,6 +1666,10 @@ pub(crate) fn on_engine_event(dev: &str, e: CmEvent) {
     });
     let _ = tx.send((dev.to_string(), e));
 }
+
+/// Held while the dispatcher turns an event into one for an ID, and while an ID is
+/// destroyed: an ID the dispatcher found stays alive until it is done with it.
+static DISPATCHING: Mutex<()> = Mutex::new(());
 
 fn lookup(dev: &str, conn: u32) -> Option<&'static Id> {
     let p = *registry().conns.get(&(dev.to_string(), conn))?;
@@ -1847,7 +1899,13 @@ fn dispatch(dev: &str, e: CmEvent) {
                 return;
             };
             // As the kernel's rdma_cm on a DREQ or DREP: the QP stops.
-            qp_to_err(i.qp());
+            let (hub, qpn) = {
+                let s = i.st();
+                (s.hub.clone(), s.qpn)
+            };
+            if let (Some(h), Some(q)) = (hub, qpn) {
+                let _ = h.rt.qp_to_error(q);
+            }
             i.push(event(i.raw(), RDMA_CM_EVENT_DISCONNECTED, 0));
         }
         CmEvent::SidrResponse {

@@ -528,7 +528,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
             );
             let _ = writeln!(
                 out,
-                "            the active side's QP 0x{:06x} will start at PSN 0x{:06x}; transport {}, path MTU {}, P_Key 0x{:04x}",
+                "            the active side's QP 0x{:06x} expects PSN 0x{:06x} first (the passive side sends from it); transport {}, path MTU {}, P_Key 0x{:04x}",
                 r.local_qpn,
                 r.starting_psn,
                 cm::transport_name(r.transport),
@@ -568,7 +568,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
             );
             let _ = writeln!(
                 out,
-                "            the passive side's QP 0x{:06x} will start at PSN 0x{:06x}; responder resources {}, initiator depth {}, RNR retry count {}",
+                "            the passive side's QP 0x{:06x} expects PSN 0x{:06x} first (the active side sends from it); responder resources {}, initiator depth {}, RNR retry count {}",
                 r.local_qpn,
                 r.starting_psn,
                 r.responder_resources,

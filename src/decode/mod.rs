@@ -322,7 +322,9 @@ fn check_frame(sum: &mut Summary, s: &Seen<'_>) {
     let r = f.roce();
     let Some(k) = s.obs.flow else { return };
     let psn = r.bth().psn();
-    if r.info().request {
+    // Only RC requests are answered; UC and UD (the CM's MADs on QP1 among them, whose
+    // PSNs start again at 0 with every process) never are.
+    if r.info().request && r.info().transport == crate::wire::opcode::Transport::Rc {
         let e = sum
             .sends
             .entry((k, psn.value()))

@@ -84,7 +84,9 @@ pub struct ConnectParams {
     /// The local QP (RC or UC) and its type.
     pub qpn: u32,
     pub qp_type: QpType,
-    /// The PSN the local QP will send from (its `sq_psn`).
+    /// The PSN the local QP expects first (its `rq_psn`): the peer sends from it. That
+    /// is how Linux's CM and rdma_cm use a REQ's and a REP's Starting PSN (in rxe's
+    /// captures the active side sends from the REP's, the passive from the REQ's).
     pub starting_psn: u32,
     pub service_id: u64,
     /// Where the peer is: its GID, and the local GID index to send from.
@@ -141,6 +143,7 @@ impl ConnectParams {
 #[derive(Debug, Clone)]
 pub struct AcceptParams {
     pub qpn: u32,
+    /// The PSN the local QP expects first (its `rq_psn`), as in [`ConnectParams`].
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -155,6 +158,7 @@ pub struct ReqInfo {
     pub service_id: u64,
     pub remote_qpn: u32,
     pub qp_type: QpType,
+    /// The PSN the peer expects first: the local QP's `sq_psn`.
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -179,6 +183,7 @@ pub struct ReqInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepInfo {
     pub remote_qpn: u32,
+    /// The PSN the peer expects first: the local QP's `sq_psn`.
     pub starting_psn: u32,
     pub responder_resources: u8,
     pub initiator_depth: u8,
@@ -645,6 +650,28 @@ impl Cm {
         self.send(peer, m);
         self.remove(id);
         Ok(())
+    }
+
+    /// The consumer is going away (its process exits): every connection still open is
+    /// disconnected (a DREQ) with nothing more reported. With the engine inside the
+    /// process, nothing would answer the peer's DREQ afterwards, as the kernel's CM
+    /// does after its process exits; [`Cm::settling`] says when it may stop.
+    pub(crate) fn close_all(&mut self, ctx: &mut Ctx, now: Time) {
+        let ids: Vec<u32> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.destroy(ctx, now, id);
+        }
+    }
+
+    /// True while a connection is still being made or taken down: the engine should
+    /// keep running a little to finish the exchange.
+    pub(crate) fn settling(&self) -> bool {
+        self.conns.values().any(|c| {
+            matches!(
+                c.state,
+                State::ReqSent | State::RepSent | State::Established | State::DreqSent
+            )
+        })
     }
 
     /// The next event for the consumer.

@@ -1219,6 +1219,17 @@ impl Engine {
         self.cm.sidr_reply(id, status, qpn, qkey, private_data)
     }
 
+    /// Disconnects every CM connection, reporting nothing ([`cm::Cm::close_all`]).
+    pub fn cm_close_all(&mut self) {
+        let now = self.now;
+        self.cm.close_all(&mut self.ctx, now)
+    }
+
+    /// True while a CM exchange is under way (a connection forming or closing).
+    pub fn cm_settling(&self) -> bool {
+        self.cm.settling()
+    }
+
     /// True while CM events wait for `poll_cm_event`.
     pub fn has_cm_events(&self) -> bool {
         self.cm.has_events()

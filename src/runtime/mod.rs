@@ -1399,6 +1399,44 @@ impl Device {
         self.verbs(move |l| l.engine.cm_sidr_reply(id, status, qpn, qkey, &pdata))
     }
 
+    /// Before the engine stops with its process: disconnects every CM connection and
+    /// waits (up to `linger`) until the exchanges are done, so that the peers get their
+    /// DREQs and DREPs as from a kernel CM that outlives the process.
+    pub fn cm_linger(&self, linger: Duration) {
+        if self
+            .verbs(|l| {
+                l.engine.cm_close_all();
+                Ok(())
+            })
+            .is_err()
+        {
+            return;
+        }
+        let until = std::time::Instant::now() + linger;
+        while std::time::Instant::now() < until {
+            match self.verbs(|l| Ok(l.engine.cm_settling())) {
+                Ok(true) => std::thread::sleep(Duration::from_millis(10)),
+                _ => return,
+            }
+        }
+    }
+
+    /// Moves QP `qpn` to ERR if it still exists (what the kernel's rdma_cm does to a
+    /// connection's QP on a DREQ): by number, since the QP's owner may destroy it at any
+    /// moment; QP numbers are not reused soon (they count up through 24 bits).
+    pub fn qp_to_error(&self, qpn: u32) -> Result<(), RuntimeError> {
+        let k = self.sh.set.owner(qpn).unwrap_or(0);
+        self.call_on(k, move |l| {
+            let a = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            if l.engine.has_qp(qpn) {
+                let _ = l.engine.modify_qp(qpn, &a, QpAttrMask::STATE);
+            }
+        })
+    }
+
     /// Adds a neighbour entry (the MAC of `ip`) to the engine's table.
     pub fn set_neighbor(&self, ip: IpAddr, mac: [u8; 6]) -> Result<(), RuntimeError> {
         self.verbs_all(move |l| {

@@ -108,7 +108,8 @@ put() {   # put SRC DEST: a program or library and its libraries into the image
     done
 }
 for b in ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong \
-         ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_bw; do
+         ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat ib_atomic_bw \
+         rping ucmatose udaddy rdma_server rdma_client; do
     put "$STAGE/usr/bin/$b" "/usr/bin/$b"
 done
 put "$STAGE/bin/ip" /usr/sbin/ip
