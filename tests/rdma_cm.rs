@@ -13,6 +13,7 @@ mod common;
 use common::cabi::*;
 use common::rt::*;
 use roce_xdp::netns::{Netns, Pair};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Waits until the program `pid` in `ns` runs its engine (`roce-xdp link show` names
@@ -171,6 +172,27 @@ fn refusals_are_events_not_hangs() {
     assert!(!ok, "{out}");
     assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // The refusal is counted where `roce-xdp stats` shows it (the engine writes its
+    // stats file every half second or so).
+    let mine = format!("\"pid\":{},", pid(&s));
+    let until = Instant::now() + Duration::from_secs(5);
+    let counted = loop {
+        let st = Command::new(bin())
+            .args(["stats", "--json"])
+            .output()
+            .unwrap();
+        let st = String::from_utf8_lossy(&st.stdout).into_owned();
+        let line = st
+            .lines()
+            .find(|l| l.contains(&mine))
+            .unwrap_or("")
+            .to_string();
+        if line.contains("\"cm_rej_sent\":1,") || Instant::now() > until {
+            break line;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(counted.contains("\"cm_rej_sent\":1,"), "{counted}");
     drop(s);
     // The peer has the address but no CM answers (no engine there): the REQ is sent
     // again each response timeout, then UNREACHABLE (ETIMEDOUT). 4.096 us x 2^16 =

@@ -92,6 +92,17 @@ pub fn render(p: &Published, all: bool) -> String {
             }
         }
     }
+    if let Some(c) = j["cm"].as_object() {
+        for (name, _) in crate::engine::cm::CmCounters::default().named() {
+            let v = c.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+            if v != 0 || all {
+                s.push_str(&format!(
+                    "  {name:<24} {v:>12}  {}\n",
+                    crate::engine::cm::CmCounters::help(name)
+                ));
+            }
+        }
+    }
     if let Some(u) = j["udp"].as_object() {
         s.push_str(&format!(
             "  UDP link: {} IPv4 frames whose ID (hidden by the socket) was solved from the ICRC\n",

@@ -264,6 +264,41 @@ pub struct CmCounters {
 }
 
 impl CmCounters {
+    /// Adds another engine's (the runtime's threads report one device).
+    pub fn add(&mut self, o: &CmCounters) {
+        self.mads_rcvd += o.mads_rcvd;
+        self.mads_sent += o.mads_sent;
+        self.mads_resent += o.mads_resent;
+        self.mads_unsupported += o.mads_unsupported;
+        self.drop_not_gsi += o.drop_not_gsi;
+        self.drop_malformed += o.drop_malformed;
+        self.drop_unexpected += o.drop_unexpected;
+        self.drop_stale += o.drop_stale;
+        self.rej_sent += o.rej_sent;
+        self.rej_rcvd += o.rej_rcvd;
+        self.established += o.established;
+    }
+
+    /// What a counter of `named` means (what `roce-xdp stats` prints beside it).
+    pub fn help(name: &str) -> &'static str {
+        match name {
+            "cm_mads_rcvd" => "CM: MADs received on QP1",
+            "cm_mads_sent" => "CM: MADs sent from QP1",
+            "cm_mads_resent" => "CM: REQ, REP, DREQ or SIDR_REQ sent again (no answer in time)",
+            "cm_mads_unsupported" => {
+                "CM: Get/Set answered with an unsupported class/version/method"
+            }
+            "cm_drop_not_gsi" => "CM: dropped, not a UD SEND with the GSI Q_Key",
+            "cm_drop_malformed" => "CM: dropped, short MAD, base version not 1, undecodable",
+            "cm_drop_unexpected" => "CM: dropped, unsolicited response or unhandled attribute",
+            "cm_drop_stale" => "CM: duplicate or stale message ignored (a retry, a late reply)",
+            "cm_rej_sent" => "CM: REJs sent (nobody listens, refused, timed out)",
+            "cm_rej_rcvd" => "CM: REJs received",
+            "cm_established" => "CM: connections established",
+            _ => "",
+        }
+    }
+
     pub fn named(&self) -> [(&'static str, u64); 11] {
         [
             ("cm_mads_rcvd", self.mads_rcvd),

@@ -55,6 +55,8 @@ pub(crate) struct Locals {
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
     pub counters: Counters,
+    /// The Communication Manager's (QP1) counters.
+    pub cm: crate::engine::cm::CmCounters,
     pub xdp: Option<XdpStats>,
     pub link: String,
     pub qps: usize,
@@ -76,6 +78,7 @@ impl Stats {
         for (k, s) in all.iter().enumerate() {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
             t.counters.add(&s.counters);
+            t.cm.add(&s.cm);
             t.qps += s.qps;
             t.forwarded += s.forwarded;
             t.forward_dropped += s.forward_dropped;
@@ -112,6 +115,13 @@ impl Stats {
             c.insert(n.into(), v.into());
         }
         m.insert("counters".into(), c.into());
+        let cm: serde_json::Map<String, serde_json::Value> = self
+            .cm
+            .named()
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.into()))
+            .collect();
+        m.insert("cm".into(), cm.into());
         if let Some(n) = self.udp_ipv4_ids_solved {
             m.insert("udp".into(), serde_json::json!({ "ipv4_ids_solved": n }));
         }
@@ -657,6 +667,7 @@ fn shard_loop(
             }
             let s = Stats {
                 counters: *l.engine.counters(),
+                cm: *l.engine.cm_counters(),
                 xdp: link.xdp_stats(),
                 udp_ipv4_ids_solved: link.udp_ipv4_ids_solved(),
                 link: link_desc.clone(),
@@ -732,6 +743,7 @@ fn shard_loop(
     deliver(&mut l, &events, &mut overflowed_cqs);
     *stats.lock().unwrap_or_else(|e| e.into_inner()) = Stats {
         counters: *l.engine.counters(),
+        cm: *l.engine.cm_counters(),
         xdp: link.xdp_stats(),
         udp_ipv4_ids_solved: link.udp_ipv4_ids_solved(),
         link: link_desc,
