@@ -21,6 +21,52 @@ const SID: u64 = 0x0106_0000 | 7174;
 /// A short CM response timeout (4.096 us x 2^12 = 16.8 ms) so runs stay brief.
 const T: u8 = 12;
 
+/// What the passive side answers with: its QP, its PSN (what it expects), its data.
+fn acc(qpn: u32, psn: u32, private_data: Vec<u8>) -> AcceptParams {
+    AcceptParams {
+        qpn,
+        starting_psn: psn,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+        private_data,
+    }
+}
+
+/// B, on A's connect request `id`: its QP to RTS (sending from A's Starting PSN
+/// 0x1234, expecting `psn`), then the REP.
+fn accept_on_b(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side, id: u32, psn: u32, pd: Vec<u8>) {
+    connect(
+        &mut s.b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        0x1234,
+        psn,
+        |_| {},
+    );
+    s.b.cm_accept(id, &acc(sb.qpn, psn, pd)).unwrap();
+}
+
+/// A, on B's REP with Starting PSN `psn`: its QP to RTS (sending from it, expecting
+/// 0x1234).
+fn ready_on_a(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side, psn: u32) {
+    connect(
+        &mut s.a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        psn,
+        0x1234,
+        |_| {},
+    );
+}
+
 fn params(qpn: u32) -> ConnectParams {
     let mut p = ConnectParams::new(qpn, SID, gid_of(IpAddr::V4(IP_B)), 1);
     p.starting_psn = 0x1234;
@@ -72,29 +118,9 @@ fn handshake(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) -> (u32, u32) {
     assert_eq!(req.local_gid, gid_of(IpAddr::V4(IP_B)));
     assert!(req.private_data.starts_with(b"hello from A"));
     assert_eq!(req.private_data.len(), wcm::REQ_PDATA);
-    connect(
-        &mut s.b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        0x1234,
-        0x5678,
-        |_| {},
-    );
-    let acc = AcceptParams {
-        qpn: sb.qpn,
-        starting_psn: 0x5678,
-        responder_resources: 1,
-        initiator_depth: 1,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: b"welcome".to_vec(),
-    };
-    s.b.cm_accept(idb, &acc).unwrap();
+    accept_on_b(s, sa, sb, idb, 0x5678, b"welcome".to_vec());
     assert!(
-        s.b.cm_accept(idb, &acc).is_err(),
+        s.b.cm_accept(idb, &acc(sb.qpn, 0x5678, vec![])).is_err(),
         "a connection is accepted once"
     );
     let Some((0, CmEvent::ConnectResponse { id, rep })) = next_event(s) else {
@@ -104,17 +130,7 @@ fn handshake(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) -> (u32, u32) {
     assert_eq!(rep.remote_qpn, sb.qpn);
     assert_eq!(rep.starting_psn, 0x5678);
     assert!(rep.private_data.starts_with(b"welcome"));
-    connect(
-        &mut s.a,
-        sa.qpn,
-        QpType::Rc,
-        sb.qpn,
-        IP_B,
-        Mtu::Mtu1024,
-        0x5678,
-        0x1234,
-        |_| {},
-    );
+    ready_on_a(s, sa, sb, 0x5678);
     s.a.cm_establish(ida, &[]).unwrap();
     assert_eq!(s.a.poll_cm_event(), Some(CmEvent::Established { id: ida }));
     let Some((1, CmEvent::Established { id })) = next_event(s) else {
@@ -257,41 +273,11 @@ fn lost_mads_are_retried_and_never_make_a_second_connection() {
                 (1, CmEvent::ConnectRequest { id, .. }) => {
                     requests += 1;
                     idb = Some(id);
-                    connect(
-                        &mut s.b,
-                        sb.qpn,
-                        QpType::Rc,
-                        sa.qpn,
-                        IP_A,
-                        Mtu::Mtu1024,
-                        0x1234,
-                        9,
-                        |_| {},
-                    );
-                    let acc = AcceptParams {
-                        qpn: sb.qpn,
-                        starting_psn: 9,
-                        responder_resources: 1,
-                        initiator_depth: 1,
-                        rnr_retry_count: 7,
-                        srq: false,
-                        private_data: vec![],
-                    };
-                    s.b.cm_accept(id, &acc).unwrap();
+                    accept_on_b(&mut s, &sa, &sb, id, 9, vec![]);
                 }
                 (0, CmEvent::ConnectResponse { id, .. }) => {
                     assert_eq!(id, ida);
-                    connect(
-                        &mut s.a,
-                        sa.qpn,
-                        QpType::Rc,
-                        sb.qpn,
-                        IP_B,
-                        Mtu::Mtu1024,
-                        9,
-                        0x1234,
-                        |_| {},
-                    );
+                    ready_on_a(&mut s, &sa, &sb, 9);
                     s.a.cm_establish(id, &[]).unwrap();
                 }
                 (0, CmEvent::Established { .. }) => est[0] = true,
@@ -324,41 +310,11 @@ fn first_data_establishes_the_passive_side_without_the_rtu() {
     let Some((1, CmEvent::ConnectRequest { id: idb, .. })) = next_event(&mut s) else {
         panic!()
     };
-    connect(
-        &mut s.b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        0x1234,
-        7,
-        |_| {},
-    );
-    let acc = AcceptParams {
-        qpn: sb.qpn,
-        starting_psn: 7,
-        responder_resources: 1,
-        initiator_depth: 1,
-        rnr_retry_count: 7,
-        srq: false,
-        private_data: vec![],
-    };
-    s.b.cm_accept(idb, &acc).unwrap();
+    accept_on_b(&mut s, &sa, &sb, idb, 7, vec![]);
     let Some((0, CmEvent::ConnectResponse { .. })) = next_event(&mut s) else {
         panic!()
     };
-    connect(
-        &mut s.a,
-        sa.qpn,
-        QpType::Rc,
-        sb.qpn,
-        IP_B,
-        Mtu::Mtu1024,
-        7,
-        0x1234,
-        |_| {},
-    );
+    ready_on_a(&mut s, &sa, &sb, 7);
     s.link.set_config(0, LinkConfig::lossy(1.0));
     s.a.cm_establish(ida, &[]).unwrap();
     assert_eq!(s.a.poll_cm_event(), Some(CmEvent::Established { id: ida }));

@@ -890,72 +890,82 @@ fn init_qp(i: &Id, qp: *mut ibv_qp) -> Result<(), c_int> {
         a.sq_psn = 0;
         modify(qp, a, IBV_QP_STATE | IBV_QP_SQ_PSN)
     } else {
-        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-        modify(
-            qp,
-            a,
-            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-        )
+        let (a, mask) = qp_attr_for(&i.st(), IBV_QPS_INIT)?;
+        modify(qp, a, mask)
     }
+}
+
+/// The attributes and mask that take a connection's QP to `state` (INIT, RTR or RTS)
+/// with what the two sides agreed: what `rdma_init_qp_attr` reports, and what
+/// rdma_connect/rdma_accept apply (the kernel's `ib_cm_init_qp_attr`, with rdma_cm's
+/// own PSN as the receive PSN).
+fn qp_attr_for(s: &IdState, state: ibv_qp_state) -> Result<(ibv_qp_attr, u32), c_int> {
+    let mut a = ibv_qp_attr {
+        qp_state: state,
+        ..Default::default()
+    };
+    let mask = match state {
+        IBV_QPS_INIT => {
+            a.pkey_index = 0;
+            a.port_num = 1;
+            a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS
+        }
+        IBV_QPS_RTR => {
+            let hub = s.hub.as_ref().ok_or(libc::EINVAL)?;
+            let dst = s.dst.ok_or(libc::EINVAL)?;
+            let port_mtu = hub.rt.info().port_mtu;
+            a.path_mtu = s.remote_mtu.map_or(port_mtu, |m| m.min(port_mtu)) as u32;
+            a.dest_qp_num = s.remote_qpn;
+            // Our own PSN, the one our REQ or REP announced (see ConnectParams).
+            a.rq_psn = s.psn;
+            a.max_dest_rd_atomic = s.responder_resources;
+            a.min_rnr_timer = 12;
+            a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+            if s.responder_resources > 0 {
+                a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+            }
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = 1;
+            a.ah_attr.grh.dgid.raw = gid_of(dst.ip());
+            a.ah_attr.grh.sgid_index = s.sgid_index;
+            a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = s.tos;
+            IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER
+                | IBV_QP_ACCESS_FLAGS
+        }
+        IBV_QPS_RTS => {
+            a.timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
+            a.retry_cnt = s.retry_count;
+            a.rnr_retry = s.rnr_retry_count;
+            // The peer's PSN: the one it expects.
+            a.sq_psn = s.remote_psn;
+            a.max_rd_atomic = s.initiator_depth;
+            IBV_QP_STATE
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_SQ_PSN
+                | IBV_QP_MAX_QP_RD_ATOMIC
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    Ok((a, mask))
 }
 
 /// RTR then RTS with what the connection's two sides agreed.
 fn connect_qp(i: &Id, qp: *mut ibv_qp) -> Result<(), c_int> {
-    let s = i.st();
-    let hub = s.hub.clone().ok_or(libc::EINVAL)?;
-    let dst = s.dst.ok_or(libc::EINVAL)?;
-    let port_mtu = hub.rt.info().port_mtu;
-    let mtu = s.remote_mtu.map_or(port_mtu, |m| m.min(port_mtu));
-    let mut a = ibv_qp_attr {
-        qp_state: IBV_QPS_RTR,
-        path_mtu: mtu as u32,
-        dest_qp_num: s.remote_qpn,
-        // Our own PSN, the one our REQ or REP announced (see ConnectParams).
-        rq_psn: s.psn,
-        max_dest_rd_atomic: s.responder_resources,
-        min_rnr_timer: 12,
-        ..Default::default()
-    };
-    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    if s.responder_resources > 0 {
-        a.qp_access_flags |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    for state in [IBV_QPS_RTR, IBV_QPS_RTS] {
+        let (a, mask) = qp_attr_for(&i.st(), state)?;
+        modify(qp, a, mask)?;
     }
-    a.ah_attr.is_global = 1;
-    a.ah_attr.port_num = 1;
-    a.ah_attr.grh.dgid.raw = gid_of(dst.ip());
-    a.ah_attr.grh.sgid_index = s.sgid_index;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.grh.traffic_class = s.tos;
-    let uc = i.ps() == RDMA_PS_IB && i.qp().is_null();
-    let _ = uc;
-    modify(
-        qp,
-        a,
-        IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER
-            | IBV_QP_ACCESS_FLAGS,
-    )?;
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
-    a.retry_cnt = s.retry_count;
-    a.rnr_retry = s.rnr_retry_count;
-    a.sq_psn = s.remote_psn;
-    a.max_rd_atomic = s.initiator_depth;
-    modify(
-        qp,
-        a,
-        IBV_QP_STATE
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_SQ_PSN
-            | IBV_QP_MAX_QP_RD_ATOMIC,
-    )
+    Ok(())
 }
 
 fn qp_to_err(qp: *mut ibv_qp) {
@@ -1170,68 +1180,16 @@ pub extern "C" fn rdma_init_qp_attr(
             return fail(libc::EINVAL);
         }
         // SAFETY: as above.
-        let a = unsafe { &mut *qp_attr };
-        let s = i.st();
-        let (state, mask) = match a.qp_state {
-            IBV_QPS_INIT => {
-                a.pkey_index = 0;
-                a.port_num = 1;
-                a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-                (
-                    IBV_QPS_INIT,
-                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS,
-                )
-            }
-            IBV_QPS_RTR => {
-                let Some(dst) = s.dst else {
-                    return fail(libc::EINVAL);
-                };
-                let mtu = s
-                    .hub
-                    .as_ref()
-                    .map_or(IBV_MTU_1024, |h| h.rt.info().port_mtu as u32);
-                a.path_mtu = s.remote_mtu.map_or(mtu, |m| (m as u32).min(mtu));
-                a.dest_qp_num = s.remote_qpn;
-                a.rq_psn = s.psn;
-                a.max_dest_rd_atomic = s.responder_resources;
-                a.min_rnr_timer = 12;
-                a.ah_attr.is_global = 1;
-                a.ah_attr.port_num = 1;
-                a.ah_attr.grh.dgid.raw = gid_of(dst.ip());
-                a.ah_attr.grh.sgid_index = s.sgid_index;
-                a.ah_attr.grh.hop_limit = 64;
-                (
-                    IBV_QPS_RTR,
-                    IBV_QP_STATE
-                        | IBV_QP_AV
-                        | IBV_QP_PATH_MTU
-                        | IBV_QP_DEST_QPN
-                        | IBV_QP_RQ_PSN
-                        | IBV_QP_MAX_DEST_RD_ATOMIC
-                        | IBV_QP_MIN_RNR_TIMER,
-                )
-            }
-            IBV_QPS_RTS => {
-                a.timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
-                a.retry_cnt = s.retry_count;
-                a.rnr_retry = s.rnr_retry_count;
-                a.sq_psn = s.remote_psn;
-                a.max_rd_atomic = s.initiator_depth;
-                (
-                    IBV_QPS_RTS,
-                    IBV_QP_STATE
-                        | IBV_QP_TIMEOUT
-                        | IBV_QP_RETRY_CNT
-                        | IBV_QP_RNR_RETRY
-                        | IBV_QP_SQ_PSN
-                        | IBV_QP_MAX_QP_RD_ATOMIC,
-                )
-            }
-            _ => return fail(libc::EINVAL),
+        let want = unsafe { (*qp_attr).qp_state };
+        let (attr, mask) = match qp_attr_for(&i.st(), want) {
+            Ok(x) => x,
+            Err(e) => return fail(e),
         };
-        a.qp_state = state;
-        // SAFETY: the program's out-pointer.
-        unsafe { *qp_attr_mask = mask as c_int };
+        // SAFETY: the program's out-pointers.
+        unsafe {
+            *qp_attr = attr;
+            *qp_attr_mask = mask as c_int;
+        }
         0
     })
 }
@@ -1682,26 +1640,14 @@ fn dispatch(dev: &str, e: CmEvent) {
     match e {
         CmEvent::ConnectRequest { id, req } => {
             let hub = hub_of(dev);
-            let listener = registry()
-                .listeners
-                .iter()
-                .find(|l| l.0 == dev && l.1 == req.service_id)
-                .map(|l| l.2);
-            let (Some(lp), Some(hub)) = (listener, hub) else {
-                if let Some(h) = hub_of(dev) {
-                    let _ = h.rt.cm_reject(id, reason::INVALID_SERVICE_ID, Vec::new());
-                }
+            let Some(hub) = hub else {
                 return;
             };
-            // SAFETY: a registered listener.
-            let l = unsafe { &*(lp as *const Id) };
-            let Ok(child) = new_id(
-                // SAFETY: the listener's own ID.
-                unsafe { (*l.raw()).channel },
-                unsafe { (*l.raw()).context },
-                l.ps(),
-                unsafe { (*l.raw()).qp_type },
-            ) else {
+            let Some(l) = listener_of(dev, req.service_id) else {
+                let _ = hub.rt.cm_reject(id, reason::INVALID_SERVICE_ID, Vec::new());
+                return;
+            };
+            let Ok(child) = child_of(l) else {
                 let _ = hub.rt.cm_reject(id, reason::CONSUMER_REJECT, Vec::new());
                 return;
             };
@@ -1776,23 +1722,10 @@ fn dispatch(dev: &str, e: CmEvent) {
             cma,
         } => {
             let hub = hub_of(dev);
-            let listener = registry()
-                .listeners
-                .iter()
-                .find(|l| l.0 == dev && l.1 == service_id)
-                .map(|l| l.2);
-            let (Some(lp), Some(hub)) = (listener, hub) else {
+            let (Some(hub), Some(l)) = (hub, listener_of(dev, service_id)) else {
                 return;
             };
-            // SAFETY: a registered listener.
-            let l = unsafe { &*(lp as *const Id) };
-            let Ok(child) = new_id(
-                // SAFETY: the listener's own ID.
-                unsafe { (*l.raw()).channel },
-                unsafe { (*l.raw()).context },
-                l.ps(),
-                unsafe { (*l.raw()).qp_type },
-            ) else {
+            let Ok(child) = child_of(l) else {
                 return;
             };
             let dst = cma.map_or(SocketAddr::new(ip_of(&remote_gid), 0), |h| {
@@ -1947,6 +1880,26 @@ fn dispatch(dev: &str, e: CmEvent) {
             i.push(ev);
         }
     }
+}
+
+/// The ID listening for `service_id` on `dev`.
+fn listener_of(dev: &str, service_id: u64) -> Option<&'static Id> {
+    let p = registry()
+        .listeners
+        .iter()
+        .find(|l| l.0 == dev && l.1 == service_id)
+        .map(|l| l.2)?;
+    // SAFETY: registered listeners are live until rdma_destroy_id unregisters them
+    // (and it waits for the dispatcher, which calls this).
+    Some(unsafe { &*(p as *const Id) })
+}
+
+/// A new ID for a connection request to listener `l`: its channel, context and port
+/// space (as the kernel's rdma_cm makes one per request).
+fn child_of(l: &Id) -> Result<&'static Id, c_int> {
+    // SAFETY: the listener's own ID, read only.
+    let r = unsafe { &*l.raw() };
+    new_id(r.channel, r.context, r.ps, r.qp_type)
 }
 
 fn hub_of(dev: &str) -> Option<Arc<Hub>> {

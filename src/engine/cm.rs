@@ -355,6 +355,27 @@ struct Conn {
     orphan: bool,
 }
 
+impl Conn {
+    /// A connection (or SIDR request) in `state` with `peer`, nothing sent yet.
+    fn new(state: State, peer: Peer, service_id: u64, tid: u64) -> Conn {
+        Conn {
+            state,
+            peer,
+            service_id,
+            remote_comm_id: 0,
+            remote_guid: 0,
+            tid,
+            local_qpn: 0,
+            remote_qpn: 0,
+            last: None,
+            retries_left: 0,
+            response_ns: 0,
+            deadline: None,
+            orphan: false,
+        }
+    }
+}
+
 /// The CM of one port.
 pub(crate) struct Cm {
     listening: HashSet<u64>,
@@ -469,19 +490,10 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: State::ReqSent,
-                peer,
-                service_id: p.service_id,
-                remote_comm_id: 0,
-                remote_guid: 0,
-                tid,
                 local_qpn: p.qpn,
-                remote_qpn: 0,
-                last: None,
                 retries_left: p.max_cm_retries.min(15),
                 response_ns: timeout_ns(p.cm_response_timeout),
-                deadline: None,
-                orphan: false,
+                ..Conn::new(State::ReqSent, peer, p.service_id, tid)
             },
         );
         self.send_tracked(now, id, m);
@@ -641,19 +653,9 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: State::SidrReqSent,
-                peer,
-                service_id: p.service_id,
-                remote_comm_id: 0,
-                remote_guid: 0,
-                tid,
-                local_qpn: 0,
-                remote_qpn: 0,
-                last: None,
                 retries_left: p.max_cm_retries.min(15),
                 response_ns: timeout_ns(p.cm_response_timeout),
-                deadline: None,
-                orphan: false,
+                ..Conn::new(State::SidrReqSent, peer, p.service_id, tid)
             },
         );
         self.send_tracked(now, id, m);
@@ -951,20 +953,13 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: State::ReqRcvd,
-                peer,
-                service_id: q.service_id,
                 remote_comm_id: q.local_comm_id,
                 remote_guid: q.local_ca_guid,
-                tid,
-                local_qpn: 0,
                 remote_qpn: q.local_qpn,
-                last: None,
                 retries_left: q.max_cm_retries,
                 // How long the active side may take to answer our REP.
                 response_ns: timeout_ns(q.local_cm_response_timeout),
-                deadline: None,
-                orphan: false,
+                ..Conn::new(State::ReqRcvd, peer, q.service_id, tid)
             },
         );
         let _ = now;
@@ -1178,19 +1173,8 @@ impl Cm {
         self.conns.insert(
             id,
             Conn {
-                state: State::SidrReqRcvd,
-                peer,
                 remote_comm_id: q.request_id,
-                remote_guid: 0,
-                tid,
-                service_id: q.service_id,
-                local_qpn: 0,
-                remote_qpn: 0,
-                last: None,
-                retries_left: 0,
-                response_ns: 0,
-                deadline: None,
-                orphan: false,
+                ..Conn::new(State::SidrReqRcvd, peer, q.service_id, tid)
             },
         );
         self.events.push_back(CmEvent::SidrRequest {
