@@ -576,3 +576,268 @@ fn a_dreq_for_no_connection_gets_a_drep_and_stray_messages_change_nothing() {
     assert_eq!(b.poll_cm_event(), None);
     assert_eq!(b.cm_counters().drop_stale, 2);
 }
+
+/// The link drops the next frame of direction `dir` (0: A to B, 1: B to A), once.
+fn lose_next(s: &mut Sim<Engine, Engine>, dir: usize) {
+    s.link.set_config(dir, LinkConfig::lossy(1.0));
+    s.step();
+    s.link.set_config(dir, LinkConfig::default());
+}
+
+/// Runs `ns` of simulated time; the events that came, if any.
+fn events_for(s: &mut Sim<Engine, Engine>, ns: u64) -> Vec<(usize, CmEvent)> {
+    let mut got = Vec::new();
+    let until = s.now.add_nanos(ns);
+    s.run_until(until, 1_000_000, |a, b| {
+        while let Some(e) = a.poll_cm_event() {
+            got.push((0, e));
+        }
+        while let Some(e) = b.poll_cm_event() {
+            got.push((1, e));
+        }
+        false
+    });
+    got
+}
+
+#[test]
+fn req_rep_and_rtu_each_lost_once_are_sent_again() {
+    for lost in ["REQ", "REP", "RTU"] {
+        let (mut s, sa, sb) = setup(LinkConfig::default(), LinkConfig::default(), 21);
+        let ida = s.a.cm_connect(&params(sa.qpn)).unwrap();
+        if lost == "REQ" {
+            lose_next(&mut s, 0);
+        }
+        let Some((1, CmEvent::ConnectRequest { id: idb, .. })) = next_event(&mut s) else {
+            panic!("{lost} lost: no connect request")
+        };
+        accept_on_b(&mut s, &sa, &sb, idb, 0x5678, vec![]);
+        if lost == "REP" {
+            lose_next(&mut s, 1);
+        }
+        let Some((0, CmEvent::ConnectResponse { id, .. })) = next_event(&mut s) else {
+            panic!("{lost} lost: no connect response")
+        };
+        assert_eq!(id, ida);
+        ready_on_a(&mut s, &sa, &sb, 0x5678);
+        s.a.cm_establish(ida, &[]).unwrap();
+        assert_eq!(s.a.poll_cm_event(), Some(CmEvent::Established { id: ida }));
+        if lost == "RTU" {
+            lose_next(&mut s, 0);
+        }
+        let Some((1, CmEvent::Established { id })) = next_event(&mut s) else {
+            panic!("{lost} lost: B not established")
+        };
+        assert_eq!(id, idb);
+        // Ten response timeouts later: nothing more (no second request, no failure).
+        let more = events_for(&mut s, 10 * cm::timeout_ns(T));
+        assert!(more.is_empty(), "{lost} lost: {more:?}");
+        let (ca, cb) = (s.a.cm_counters(), s.b.cm_counters());
+        match lost {
+            "REQ" => assert!(ca.mads_resent >= 1, "{ca:?}"),
+            // B repeats its REP; A's REQ retry meanwhile is a duplicate B ignores.
+            "REP" => assert!(cb.mads_resent >= 1, "{cb:?}"),
+            // B repeats its REP, A answers it with the RTU again.
+            _ => assert!(cb.mads_resent >= 1 && ca.mads_resent >= 1, "{ca:?} {cb:?}"),
+        }
+        assert_eq!((ca.established, cb.established), (1, 1));
+    }
+}
+
+#[test]
+fn a_dreq_while_data_is_in_flight_ends_both_sides() {
+    let (mut s, sa, sb) = setup(LinkConfig::default(), LinkConfig::default(), 22);
+    let (ida, idb) = handshake(&mut s, &sa, &sb);
+    for i in 0..16 {
+        s.b.post_recv(sb.qpn, &RecvWr::new(i, &[sge(&sb, 0, 4096)]))
+            .unwrap();
+        s.a.post_send(sa.qpn, &SendWr::send(i, &[sge(&sa, 0, 4096)]))
+            .unwrap();
+    }
+    s.a.cm_disconnect(ida, &[]).unwrap();
+    let got = events_for(&mut s, 10 * cm::timeout_ns(T));
+    assert!(
+        got.contains(&(0, CmEvent::Disconnected { id: ida })),
+        "{got:?}"
+    );
+    assert!(
+        got.contains(&(1, CmEvent::Disconnected { id: idb })),
+        "{got:?}"
+    );
+    assert_eq!(got.len(), 2, "{got:?}");
+}
+
+/// A change to a REQ, making it break one rule.
+type ReqEdit = Box<dyn Fn(&mut wcm::Req<'_>)>;
+
+/// A REQ from a made-up peer (A's addresses) with `edit` applied.
+fn req_mad(comm: u32, edit: impl FnOnce(&mut wcm::Req<'_>)) -> [u8; mad::MAD_LEN] {
+    let mut r = wcm::Req {
+        local_comm_id: comm,
+        service_id: SID,
+        local_ca_guid: 0x0200_00ff_fe00_000a,
+        local_qkey: 0,
+        local_qpn: 0x42,
+        responder_resources: 1,
+        local_eecn: 0,
+        initiator_depth: 1,
+        remote_eecn: 0,
+        remote_cm_response_timeout: T,
+        transport: 0,
+        end_to_end_flow_control: true,
+        starting_psn: 0x1234,
+        local_cm_response_timeout: T,
+        retry_count: 7,
+        pkey: 0xffff,
+        path_mtu: 3,
+        rdc_exists: false,
+        rnr_retry_count: 7,
+        max_cm_retries: 3,
+        srq: false,
+        extended_transport: 0,
+        primary_local_lid: 0xffff,
+        primary_remote_lid: 0xffff,
+        primary_local_gid: gid_of(IpAddr::V4(IP_A)),
+        primary_remote_gid: gid_of(IpAddr::V4(IP_B)),
+        primary_flow_label: 0,
+        primary_packet_rate: 0,
+        primary_traffic_class: 0,
+        primary_hop_limit: 64,
+        primary_sl: 0,
+        primary_subnet_local: false,
+        primary_local_ack_timeout: 19,
+        alternate_path: &[],
+        private_data: &[],
+        cma: None,
+    };
+    edit(&mut r);
+    let mut m = [0u8; mad::MAD_LEN];
+    wcm::CmMessage::Req(r)
+        .emit_mad(&header(mad::CLASS_CM, 2, 0x03, 0), &mut m)
+        .unwrap();
+    m
+}
+
+fn rej_reason(r: &[u8]) -> u16 {
+    match wcm::CmMessage::from_mad(r).unwrap() {
+        Some((_, wcm::CmMessage::Rej(j))) => j.reason,
+        other => panic!("not a REJ: {other:?}"),
+    }
+}
+
+#[test]
+fn hostile_reqs_get_the_reject_reasons_and_leave_no_state() {
+    let (_, mut b) = pair(Mtu::Mtu1024, 23);
+    b.cm_listen(SID).unwrap();
+    let cases: [(&str, u16, ReqEdit); 5] = [
+        ("RD transport", 9, Box::new(|r| r.transport = 2)),
+        ("QP1 as the peer's QP", 5, Box::new(|r| r.local_qpn = 1)),
+        ("QP0 as the peer's QP", 5, Box::new(|r| r.local_qpn = 0)),
+        (
+            "the multicast QPN",
+            5,
+            Box::new(|r| r.local_qpn = 0xff_ffff),
+        ),
+        ("path MTU code 7", 26, Box::new(|r| r.path_mtu = 7)),
+    ];
+    for (i, (what, want, edit)) in cases.into_iter().enumerate() {
+        let m = req_mad(0x100 + i as u32, |r| edit(r));
+        b.handle_frame(Time::ZERO, &mad_frame(&m, cm::GSI_QKEY));
+        let r = replies(&mut b);
+        assert_eq!(r.len(), 1, "{what}");
+        assert_eq!(rej_reason(&r[0]), want, "{what}");
+        assert_eq!(b.poll_cm_event(), None, "{what}");
+        assert_eq!(b.cm_connections(), 0, "{what}: state left behind");
+    }
+    // A truncated MAD (a REQ cut at 100 bytes): dropped, counted, nothing kept.
+    let m = req_mad(0x200, |_| {});
+    let mut short = [0u8; mad::MAD_LEN];
+    short[..100].copy_from_slice(&m[..100]);
+    let before = b.cm_counters().drop_malformed;
+    let fr = {
+        // The frame carries only the first 100 bytes of the MAD.
+        let repr = FrameRepr {
+            eth: EthRepr {
+                dst: MAC_B,
+                src: MAC_A,
+                vlan: None,
+                ethertype: 0x0800,
+            },
+            ip: IpRepr::V4(Ipv4Repr::new(IP_A, IP_B, 0)),
+            udp: UdpRepr {
+                src_port: 55410,
+                dst_port: ROCE_V2_PORT,
+            },
+            roce: RoceRepr {
+                bth: BthRepr::new(Opcode::UD_SEND_ONLY, cm::GSI_QPN, Psn::new(0)),
+                ext: ExtRepr {
+                    deth: Some(DethRepr {
+                        qkey: cm::GSI_QKEY,
+                        src_qp: cm::GSI_QPN,
+                    }),
+                    ..ExtRepr::default()
+                },
+                payload: &short[..100],
+            },
+        };
+        let mut buf = vec![0u8; 512];
+        let n = repr.emit(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    b.handle_frame(Time::ZERO, &fr);
+    assert!(replies(&mut b).is_empty());
+    assert_eq!(b.cm_counters().drop_malformed, before + 1);
+    assert_eq!(b.cm_connections(), 0);
+}
+
+#[test]
+fn a_req_seen_again_is_ignored_then_refused_as_stale_in_timewait() {
+    let (_, mut b) = pair(Mtu::Mtu1024, 24);
+    b.cm_listen(SID).unwrap();
+    let req = req_mad(0x77, |_| {});
+    b.handle_frame(Time::ZERO, &mad_frame(&req, cm::GSI_QKEY));
+    let Some(CmEvent::ConnectRequest { id, .. }) = b.poll_cm_event() else {
+        panic!("no connect request")
+    };
+    let sb = side(&mut b, QpType::Rc, 4096, 16);
+    b.cm_accept(id, &acc(sb.qpn, 0x5678, vec![])).unwrap();
+    assert_eq!(replies(&mut b).len(), 1, "the REP");
+    // The same REQ again (its sender retried): ignored, no second connection.
+    b.handle_frame(Time::ZERO, &mad_frame(&req, cm::GSI_QKEY));
+    assert!(replies(&mut b).is_empty());
+    assert_eq!(b.poll_cm_event(), None);
+    assert_eq!(b.cm_connections(), 1);
+    // RTU, then the peer's DREQ: established, then disconnected (DREP) and in timewait.
+    let mut m = [0u8; mad::MAD_LEN];
+    let h = header(mad::CLASS_CM, 2, 0x03, 0);
+    wcm::CmMessage::Rtu {
+        local_comm_id: 0x77,
+        remote_comm_id: id,
+        private_data: &[],
+    }
+    .emit_mad(&h, &mut m)
+    .unwrap();
+    b.handle_frame(Time::ZERO, &mad_frame(&m, cm::GSI_QKEY));
+    assert_eq!(b.poll_cm_event(), Some(CmEvent::Established { id }));
+    wcm::CmMessage::Dreq {
+        local_comm_id: 0x77,
+        remote_comm_id: id,
+        remote_qpn: sb.qpn,
+        private_data: &[],
+    }
+    .emit_mad(&h, &mut m)
+    .unwrap();
+    b.handle_frame(Time::ZERO, &mad_frame(&m, cm::GSI_QKEY));
+    assert_eq!(b.poll_cm_event(), Some(CmEvent::Disconnected { id }));
+    let r = replies(&mut b);
+    assert!(matches!(
+        wcm::CmMessage::from_mad(&r[0]).unwrap(),
+        Some((_, wcm::CmMessage::Drep { .. }))
+    ));
+    // The old REQ once more, now in timewait: REJ "stale connection".
+    b.handle_frame(Time::ZERO, &mad_frame(&req, cm::GSI_QKEY));
+    let r = replies(&mut b);
+    assert_eq!(rej_reason(&r[0]), cm::reason::STALE_CONNECTION);
+    assert_eq!(b.poll_cm_event(), None);
+}

@@ -63,6 +63,8 @@ pub mod reason {
     pub const INVALID_SERVICE_ID: u16 = 8;
     pub const INVALID_TRANSPORT: u16 = 9;
     pub const STALE_CONNECTION: u16 = 10;
+    pub const UNSUPPORTED_REQUEST: u16 = 5;
+    pub const INVALID_PATH_MTU: u16 = 26;
     pub const CONSUMER_REJECT: u16 = 28;
 }
 
@@ -700,6 +702,11 @@ impl Cm {
         }
     }
 
+    /// How many connections (and SIDR requests) the CM keeps, timewait included.
+    pub(crate) fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     /// True while a connection is still being made or taken down: the engine should
     /// keep running a little to finish the exchange.
     pub(crate) fn settling(&self) -> bool {
@@ -915,6 +922,19 @@ impl Cm {
             } else {
                 self.counters.drop_stale += 1;
             }
+            return;
+        }
+        // A REQ that names a QP no connection can have (QP0, QP1, the multicast QPN) or
+        // a path MTU IBA does not define is refused before anything is kept.
+        let bad = if matches!(q.local_qpn, 0 | 1 | 0xff_ffff) {
+            Some(reason::UNSUPPORTED_REQUEST)
+        } else if Mtu::from_code(q.path_mtu).is_none() {
+            Some(reason::INVALID_PATH_MTU)
+        } else {
+            None
+        };
+        if let Some(why) = bad {
+            self.send_rej(peer, tid, (0, q.local_comm_id), 0, why, &[]);
             return;
         }
         if !self.listening.contains(&q.service_id) {

@@ -1225,6 +1225,11 @@ impl Engine {
         self.cm.close_all(&mut self.ctx, now)
     }
 
+    /// How many connections the CM keeps (timewait included).
+    pub fn cm_connections(&self) -> usize {
+        self.cm.connections()
+    }
+
     /// True while a CM exchange is under way (a connection forming or closing).
     pub fn cm_settling(&self) -> bool {
         self.cm.settling()
