@@ -395,6 +395,11 @@ fn sidr_resolves_a_ud_service_and_refuses_an_unknown_one() {
 
 /// A MAD from A's QP1 to B's QP1, built by hand: what a hostile or foreign peer sends.
 fn mad_frame(m: &[u8; mad::MAD_LEN], qkey: u32) -> Vec<u8> {
+    qp1_frame(m, qkey)
+}
+
+/// A UD SEND_ONLY from A's QP1 to B's QP1 carrying `payload` (a MAD, or not quite one).
+fn qp1_frame(payload: &[u8], qkey: u32) -> Vec<u8> {
     let repr = FrameRepr {
         eth: EthRepr {
             dst: MAC_B,
@@ -416,7 +421,7 @@ fn mad_frame(m: &[u8; mad::MAD_LEN], qkey: u32) -> Vec<u8> {
                 }),
                 ..ExtRepr::default()
             },
-            payload: m,
+            payload,
         },
     };
     let mut buf = vec![0u8; 512];
@@ -754,37 +759,8 @@ fn hostile_reqs_get_the_reject_reasons_and_leave_no_state() {
     let mut short = [0u8; mad::MAD_LEN];
     short[..100].copy_from_slice(&m[..100]);
     let before = b.cm_counters().drop_malformed;
-    let fr = {
-        // The frame carries only the first 100 bytes of the MAD.
-        let repr = FrameRepr {
-            eth: EthRepr {
-                dst: MAC_B,
-                src: MAC_A,
-                vlan: None,
-                ethertype: 0x0800,
-            },
-            ip: IpRepr::V4(Ipv4Repr::new(IP_A, IP_B, 0)),
-            udp: UdpRepr {
-                src_port: 55410,
-                dst_port: ROCE_V2_PORT,
-            },
-            roce: RoceRepr {
-                bth: BthRepr::new(Opcode::UD_SEND_ONLY, cm::GSI_QPN, Psn::new(0)),
-                ext: ExtRepr {
-                    deth: Some(DethRepr {
-                        qkey: cm::GSI_QKEY,
-                        src_qp: cm::GSI_QPN,
-                    }),
-                    ..ExtRepr::default()
-                },
-                payload: &short[..100],
-            },
-        };
-        let mut buf = vec![0u8; 512];
-        let n = repr.emit(&mut buf).unwrap();
-        buf.truncate(n);
-        buf
-    };
+    // The frame carries only the first 100 bytes of the MAD.
+    let fr = qp1_frame(&short[..100], cm::GSI_QKEY);
     b.handle_frame(Time::ZERO, &fr);
     assert!(replies(&mut b).is_empty());
     assert_eq!(b.cm_counters().drop_malformed, before + 1);
