@@ -493,7 +493,7 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if let (Some(h), Some(c)) = (hub, conn) {
             let _ = h.rt.cm_destroy(c);
         }
-        // SAFETY: the ID's channel.
+        // The channel outlives its IDs (its destroy is refused while they exist).
         if let Some(c) = i.channel() {
             let n = {
                 let mut u = c.users.lock().unwrap_or_else(|e| e.into_inner());
@@ -795,15 +795,9 @@ pub extern "C" fn rdma_resolve_addr(
             return fail(e);
         }
         let wait = Duration::from_millis(timeout_ms.clamp(1, 60_000) as u64);
-        let (hub, resolved) = {
-            let s = i.st();
-            let hub = s.hub.clone();
-            (hub, s.dmac)
-        };
-        let Some(hub) = hub else {
+        let Some(hub) = i.st().hub.clone() else {
             return fail(libc::EADDRNOTAVAIL);
         };
-        let _ = resolved;
         // The next hop's MAC: ourselves, or what the kernel's neighbour table says.
         let mac = if hub.rt.info().gids.contains(&gid_of(dst.ip())) {
             Some(hub.rt.info().mac)
@@ -1257,6 +1251,7 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
         // The registry stays locked until the connection is in it: the REP may come
         // back before cm_connect returns, and the dispatcher must find its ID.
         let mut reg = registry();
+        let timing = cm_timing();
         let r = if ud {
             if pdata.len() > crate::wire::cm::SIDR_REQ_PDATA {
                 return fail(libc::EINVAL);
@@ -1266,8 +1261,8 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
                 dgid: gid_of(dst.ip()),
                 sgid_index: s.sgid_index,
                 dmac: s.dmac,
-                cm_response_timeout: cm_timing().0,
-                max_cm_retries: cm_timing().1,
+                cm_response_timeout: timing.0,
+                max_cm_retries: timing.1,
                 private_data: pdata,
             })
         } else {
@@ -1305,7 +1300,7 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_p
                 // SAFETY: as above.
                 && unsafe { (*conn_param).srq } != 0;
             p.local_ack_timeout = s.ack_timeout.unwrap_or(ACK_TIMEOUT);
-            (p.cm_response_timeout, p.max_cm_retries) = cm_timing();
+            (p.cm_response_timeout, p.max_cm_retries) = timing;
             p.private_data = pdata;
             hub.rt.cm_connect(p)
         };
@@ -1693,9 +1688,6 @@ fn dispatch(dev: &str, e: CmEvent) {
             }
             // SAFETY: the child is not handed out yet.
             unsafe { (*child.raw()).verbs = context_of(dev) };
-            if let Some(c) = l.channel() {
-                *c.users.lock().unwrap_or_else(|e| e.into_inner()) += 0;
-            }
             register(dev, id, child);
             let mut ev = event(child.raw(), RDMA_CM_EVENT_CONNECT_REQUEST, 0);
             ev.ibv.listen_id = l.raw();

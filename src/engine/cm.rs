@@ -798,8 +798,8 @@ impl Cm {
             }
         };
         match msg {
-            CmMessage::Req(q) => self.on_req(ctx, now, peer, hdr.transaction_id, &q),
-            CmMessage::Rep(p) => self.on_rep(ctx, peer, hdr.transaction_id, &p),
+            CmMessage::Req(q) => self.on_req(ctx, peer, hdr.transaction_id, &q),
+            CmMessage::Rep(p) => self.on_rep(peer, hdr.transaction_id, &p),
             CmMessage::Rtu { remote_comm_id, .. } => self.on_rtu(remote_comm_id),
             CmMessage::Rej(j) => self.on_rej(&j),
             CmMessage::Mra(m) => self.on_mra(now, &m),
@@ -906,7 +906,7 @@ impl Cm {
 
     // ----- received messages -----
 
-    fn on_req(&mut self, ctx: &mut Ctx, now: Time, peer: Peer, tid: u64, q: &cm::Req<'_>) {
+    fn on_req(&mut self, ctx: &mut Ctx, peer: Peer, tid: u64, q: &cm::Req<'_>) {
         if let Some(&id) = self.by_remote.get(&(q.local_ca_guid, q.local_comm_id)) {
             // The peer sent its REQ again: our answer is on its way or was lost.
             let state = self.conns.get(&id).map(|c| c.state);
@@ -982,7 +982,6 @@ impl Cm {
                 ..Conn::new(State::ReqRcvd, peer, q.service_id, tid)
             },
         );
-        let _ = now;
         self.events.push_back(CmEvent::ConnectRequest {
             id,
             req: Box::new(ReqInfo {
@@ -1008,8 +1007,7 @@ impl Cm {
         });
     }
 
-    fn on_rep(&mut self, ctx: &mut Ctx, peer: Peer, tid: u64, p: &cm::Rep<'_>) {
-        let _ = ctx;
+    fn on_rep(&mut self, peer: Peer, tid: u64, p: &cm::Rep<'_>) {
         let Some(c) = self.conns.get_mut(&p.remote_comm_id) else {
             self.send_rej(
                 peer,
