@@ -39,6 +39,31 @@ fn pair_run(
     client: &[&str],
     secs: u64,
 ) -> (String, String) {
+    // perftest calibrates its cycle counter against the clock at start and gives up
+    // ("Correlation coefficient r^2 < 0.9") when the 2-core machine is too busy to
+    // measure: that says nothing of the transport, so such a run is tried once more.
+    let (ok, out_s, out_c) = pair_try(pair, port, server, client, secs);
+    let calib = |o: &str| o.contains("Correlation coefficient r^2");
+    let (ok, out_s, out_c) = if !ok && (calib(&out_s) || calib(&out_c)) {
+        pair_try(pair, port, server, client, secs)
+    } else {
+        (ok, out_s, out_c)
+    };
+    assert!(
+        ok,
+        "{server:?} / {client:?} failed\n--- server:\n{out_s}\n--- client:\n{out_c}"
+    );
+    (out_s, out_c)
+}
+
+/// One run of a server and its client: (both succeeded, server output, client output).
+fn pair_try(
+    pair: &Pair,
+    port: u16,
+    server: &[&str],
+    client: &[&str],
+    secs: u64,
+) -> (bool, String, String) {
     let s = Child::spawn(run_in(&pair.a, &[], server));
     assert!(
         wait_listening(&pair.a, port, 20),
@@ -50,11 +75,7 @@ fn pair_run(
     let c = Child::spawn(run_in(&pair.b, &[], &cargs));
     let (ok_c, out_c) = c.finish(secs);
     let (ok_s, out_s) = s.finish(10);
-    assert!(
-        ok_c && ok_s,
-        "{server:?} / {client:?} failed\n--- server:\n{out_s}\n--- client:\n{out_c}"
-    );
-    (out_s, out_c)
+    (ok_c && ok_s, out_s, out_c)
 }
 
 /// Builds tests/c/verbs_api.c against the system's headers and libibverbs.
