@@ -65,6 +65,8 @@ pub struct Packet<'a> {
     /// Length on the wire (larger than `data` when the snap length cut it).
     pub orig_len: u32,
     pub link: LinkType,
+    /// The frame's pcapng comment (`opt_comment`), if it has one.
+    pub comment: Option<&'a str>,
 }
 
 impl<'a> Packet<'a> {
@@ -215,6 +217,7 @@ impl<'a> Iterator for Packets<'a> {
                             data,
                             orig_len: p.orig_len,
                             link,
+                            comment: None,
                         }))
                     }
                     Err(e) => self.fail(e),
@@ -230,20 +233,31 @@ impl<'a> Iterator for Packets<'a> {
                     Err(e) => return self.fail(e),
                 };
                 *rest = r;
-                let (iface, ts, data, orig_len) = match block {
+                let (iface, ts, data, orig_len, comment) = match block {
                     Block::EnhancedPacket(p) => {
                         let data: &'a [u8] = match p.data {
                             std::borrow::Cow::Borrowed(b) => b,
                             std::borrow::Cow::Owned(_) => &[],
                         };
-                        (p.interface_id, p.timestamp.as_nanos(), data, p.original_len)
+                        use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption;
+                        let comment = p.options.into_iter().find_map(|o| match o {
+                            EnhancedPacketOption::Comment(std::borrow::Cow::Borrowed(c)) => Some(c),
+                            _ => None,
+                        });
+                        (
+                            p.interface_id,
+                            p.timestamp.as_nanos(),
+                            data,
+                            p.original_len,
+                            comment,
+                        )
                     }
                     Block::SimplePacket(p) => {
                         let data: &'a [u8] = match p.data {
                             std::borrow::Cow::Borrowed(b) => b,
                             std::borrow::Cow::Owned(_) => &[],
                         };
-                        (0, 0, data, p.original_len)
+                        (0, 0, data, p.original_len, None)
                     }
                     _ => continue,
                 };
@@ -261,6 +275,7 @@ impl<'a> Iterator for Packets<'a> {
                     data,
                     orig_len,
                     link: ifd.linktype.into(),
+                    comment,
                 }));
             },
         }
@@ -288,10 +303,26 @@ mod tests {
 }
 
 /// Writes Ethernet frames to a pcap file (nanosecond timestamps), for the engine's tap and
-/// the simulator: `roce-xdp decode` and Wireshark read what it writes.
+/// the simulator: `roce-xdp decode` and Wireshark read what it writes. The pcapng form
+/// ([`Writer::new_ng`]) can also mark sections of a run: the first frame of each carries
+/// a comment (Wireshark shows it as `frame.comment`), and each keeps at most its own
+/// number of frames, so one capture samples every step of a long run.
 pub struct Writer<W: std::io::Write> {
-    inner: pcap_file::pcap::PcapWriter<W>,
+    inner: Inner<W>,
     frames: u64,
+    /// Frames written in the current section, its limit, its comment still to write.
+    in_section: u64,
+    section_limit: u64,
+    comment: Option<String>,
+    skipped: u64,
+    /// Opcodes written in the current section: past its limit, a frame whose opcode
+    /// the section has not shown yet is still kept, so every opcode of a step appears.
+    seen_ops: [u64; 4],
+}
+
+enum Inner<W: std::io::Write> {
+    Pcap(pcap_file::pcap::PcapWriter<W>),
+    Ng(pcap_file::pcapng::PcapNgWriter<W>),
 }
 
 impl<W: std::io::Write> Writer<W> {
@@ -302,17 +333,98 @@ impl<W: std::io::Write> Writer<W> {
             snaplen: 65535,
             ..Default::default()
         };
-        Ok(Writer {
-            inner: pcap_file::pcap::PcapWriter::with_header(w, header)?,
-            frames: 0,
-        })
+        Ok(Self::with(Inner::Pcap(
+            pcap_file::pcap::PcapWriter::with_header(w, header)?,
+        )))
     }
 
-    /// Appends one frame captured at `time` (since any origin).
+    /// A pcapng writer: one Ethernet interface with nanosecond timestamps.
+    pub fn new_ng(w: W) -> Result<Writer<W>, PcapError> {
+        use pcap_file::pcapng::blocks::interface_description::{
+            InterfaceDescriptionBlock, InterfaceDescriptionOption,
+        };
+        let mut ng = pcap_file::pcapng::PcapNgWriter::new(w)?;
+        ng.write_pcapng_block(InterfaceDescriptionBlock {
+            linktype: pcap_file::DataLink::ETHERNET,
+            snaplen: 65535,
+            options: vec![InterfaceDescriptionOption::IfTsResol(9)],
+        })?;
+        Ok(Self::with(Inner::Ng(ng)))
+    }
+
+    fn with(inner: Inner<W>) -> Writer<W> {
+        Writer {
+            inner,
+            frames: 0,
+            in_section: 0,
+            section_limit: u64::MAX,
+            comment: None,
+            skipped: 0,
+            seen_ops: [0; 4],
+        }
+    }
+
+    /// Starts a section: the next frame written carries `comment` (pcapng only; a pcap
+    /// file has nowhere to put it), and at most `limit` frames are kept until the next.
+    pub fn begin_section(&mut self, comment: &str, limit: u64) {
+        self.in_section = 0;
+        self.section_limit = limit;
+        self.comment = Some(comment.to_string());
+        self.seen_ops = [0; 4];
+    }
+
+    /// Appends one frame captured at `time` (since any origin), unless its section is
+    /// full and has shown the frame's opcode already.
     pub fn write(&mut self, time: Duration, frame: &[u8]) -> Result<(), PcapError> {
-        let p = pcap_file::pcap::PcapPacket::new(time, frame.len() as u32, frame);
+        if self.section_limit != u64::MAX {
+            let op = crate::wire::Frame::parse(frame)
+                .ok()
+                .map(|f| f.roce().bth().opcode().0);
+            let new_op = op.is_some_and(|o| {
+                let (w, b) = (usize::from(o / 64), o % 64);
+                let fresh = self.seen_ops[w] & (1 << b) == 0;
+                self.seen_ops[w] |= 1 << b;
+                fresh
+            });
+            if self.in_section >= self.section_limit {
+                if !new_op {
+                    self.skipped += 1;
+                    return Ok(());
+                }
+                // Say why this frame is here, and that frames before it were cut.
+                if self.comment.is_none() && self.skipped > 0 {
+                    let name = op.map_or("?", |o| crate::wire::Opcode(o).name());
+                    self.comment = Some(format!(
+                        "the first {name} of this section; frames before it left out"
+                    ));
+                }
+            }
+        }
+        self.in_section += 1;
         self.frames += 1;
-        self.inner.write_packet(&p).map(|_| ())
+        match &mut self.inner {
+            Inner::Pcap(w) => {
+                let p = pcap_file::pcap::PcapPacket::new(time, frame.len() as u32, frame);
+                w.write_packet(&p).map(|_| ())
+            }
+            Inner::Ng(w) => {
+                use pcap_file::pcapng::blocks::enhanced_packet::{
+                    EnhancedPacketBlock, EnhancedPacketOption,
+                };
+                let options = match self.comment.take() {
+                    Some(c) => vec![EnhancedPacketOption::Comment(c.into())],
+                    None => Vec::new(),
+                };
+                w.write_pcapng_block(EnhancedPacketBlock {
+                    interface_id: 0,
+                    timestamp: time,
+                    original_len: frame.len() as u32,
+                    data: std::borrow::Cow::Borrowed(frame),
+                    options,
+                })
+                .map(|_| ())
+            }
+        }
     }
 
     /// Frames written so far.
@@ -320,8 +432,16 @@ impl<W: std::io::Write> Writer<W> {
         self.frames
     }
 
+    /// Frames left out because their section was full.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     pub fn into_inner(self) -> W {
-        self.inner.into_writer()
+        match self.inner {
+            Inner::Pcap(w) => w.into_writer(),
+            Inner::Ng(w) => w.into_inner(),
+        }
     }
 }
 
@@ -340,5 +460,28 @@ mod writer_tests {
         assert_eq!(p[0].data, &[1, 2, 3]);
         assert_eq!(p[0].time, Duration::from_nanos(1_500));
         assert_eq!(p[1].time, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn pcapng_sections_carry_their_comment_and_keep_their_limit() {
+        let mut w = Writer::new_ng(Vec::new()).unwrap();
+        w.begin_section("step 1: ping", 2);
+        for i in 0..5u64 {
+            w.write(Duration::from_nanos(1_000 + i), &[i as u8; 60])
+                .unwrap();
+        }
+        // (Not RoCE frames: no opcode, so nothing past the limit is kept.)
+        w.begin_section("step 2: write", 10);
+        w.write(Duration::from_secs(3), &[9; 60]).unwrap();
+        assert_eq!((w.frames(), w.skipped()), (3, 3));
+        let c = Capture::from_bytes("mem", w.into_inner());
+        let p: Vec<_> = c.packets().unwrap().map(Result::unwrap).collect();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].comment, Some("step 1: ping"));
+        assert_eq!(p[1].comment, None);
+        assert_eq!(p[2].comment, Some("step 2: write"));
+        assert_eq!(p[0].time, Duration::from_nanos(1_000));
+        assert_eq!(p[2].time, Duration::from_secs(3));
+        assert_eq!(p[2].data, &[9; 60]);
     }
 }
