@@ -43,6 +43,18 @@ enum Cmd {
         /// sent again and again; exit status 1 if there is any.
         #[arg(long, conflicts_with_all = ["brief", "ladder", "json"])]
         check: bool,
+        /// The full explanation, and after each frame its bytes with every header and
+        /// field marked.
+        #[arg(long, conflicts_with_all = ["brief", "ladder", "json", "check"])]
+        hex: bool,
+        /// Write a self-contained HTML report (ladder diagrams, field diagrams, filters)
+        /// to OUT instead of printing.
+        #[arg(long, value_name = "OUT", conflicts_with_all = ["brief", "ladder", "json", "check", "hex"])]
+        html: Option<PathBuf>,
+        /// Show only these frames: N or FIRST-LAST (numbered as in Wireshark); the
+        /// whole capture is still read, so pairings and retransmissions stay right.
+        #[arg(long, value_name = "N[-M]", value_parser = parse_frames)]
+        frames: Option<(usize, usize)>,
     },
     /// Two engines in two private network namespaces over AF_XDP: latency, bandwidth,
     /// atomics and a byte-exact transfer (the UDP link on loopback without root).
@@ -351,7 +363,26 @@ fn main() -> ExitCode {
             ladder,
             json,
             check,
+            hex,
+            html,
+            frames,
         } => {
+            if let Some(out) = html {
+                return match decode::html::write(&file, &out) {
+                    Ok(n) => {
+                        println!(
+                            "{}: {n} frames; open it in a browser (file://{})",
+                            out.display(),
+                            std::fs::canonicalize(&out).unwrap_or(out.clone()).display()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("roce-xdp decode: {e}");
+                        ExitCode::from(2)
+                    }
+                };
+            }
             let mode = if check {
                 Mode::Check
             } else if json {
@@ -360,12 +391,14 @@ fn main() -> ExitCode {
                 Mode::Ladder
             } else if brief {
                 Mode::Brief
+            } else if hex {
+                Mode::Hex
             } else {
                 Mode::Full
             };
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
-            match decode::run(&file, mode, &mut out) {
+            match decode::run_frames(&file, mode, frames, &mut out) {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::FAILURE,
                 Err(decode::DecodeError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {
@@ -467,6 +500,23 @@ fn link_line(l: &roce_xdp::links::Link) -> String {
         s.push_str(&format!(", engine running in {who}"));
     }
     s
+}
+
+/// `--frames N` or `--frames FIRST-LAST`.
+fn parse_frames(s: &str) -> Result<(usize, usize), String> {
+    let num = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{x:?} is not a frame number"))
+    };
+    let (a, b) = match s.split_once('-') {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => (num(s)?, num(s)?),
+    };
+    if a == 0 || b < a {
+        return Err(format!("{s}: frames are numbered from 1, FIRST <= LAST"));
+    }
+    Ok((a, b))
 }
 
 fn failed(cmd: &str, e: &str) -> ExitCode {

@@ -15,6 +15,9 @@ PKGS=(
     ibverbs-utils perftest rdmacm-utils
     # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod)
     qemu-system-x86 kmod
+    # tests: decode's HTML report in a real browser (headless), captures cut and
+    # cross-checked with Wireshark's dissector
+    chromium tshark
 )
 
 missing=()

@@ -3,12 +3,10 @@
 //! The aim is that someone who has never read the InfiniBand spec can follow a capture:
 //! each field is printed as `name = value` followed by what that value means here.
 
-use crate::wire::aeth::{CREDITS_INVALID, Syndrome};
 use crate::wire::cm::{self, CmMessage};
-use crate::wire::deth::GSI_QKEY;
 use crate::wire::eth::fmt_mac;
 use crate::wire::frame::IpView;
-use crate::wire::opcode::{HeaderKind, Operation, Transport};
+use crate::wire::opcode::{HeaderKind, Transport};
 use crate::wire::{Frame, mad};
 use std::fmt::Write;
 
@@ -162,114 +160,32 @@ pub fn roce_layers(out: &mut String, f: &Frame<'_>) {
         "  BTH       {} (opcode 0x{:02x}, {}): {}",
         info.name, info.code, transport, info.meaning
     );
-    field(
-        out,
-        "SE",
-        u8::from(b.solicited()),
-        if b.solicited() {
-            "solicited event: the receiver's CQ wakes a waiting consumer"
-        } else {
-            "no solicited event requested"
-        },
-    );
-    field(
-        out,
-        "MigReq",
-        u8::from(b.mig_req()),
-        "path-migration state (APM); RoCE senders do not migrate paths",
-    );
-    let pad = b.pad_count();
-    field(
-        out,
-        "PadCnt",
-        pad,
-        &if pad == 0 {
-            "no pad bytes: the payload ends on a 4-byte boundary".to_string()
-        } else {
-            format!("{pad} pad byte(s) after the payload bring it to a 4-byte boundary")
-        },
-    );
-    field(
-        out,
-        "TVer",
-        b.tver(),
-        "transport header version (0 is the only one)",
-    );
-    field(
-        out,
-        "P_Key",
-        format!("0x{:04x}", b.pkey()),
-        &format!("partition key: {}", pkey_meaning(b.pkey())),
-    );
-    field(
-        out,
-        "FECN",
-        u8::from(b.fecn()),
-        if b.fecn() {
-            "forward congestion seen on the way here"
-        } else {
-            "no congestion marked on the way here"
-        },
-    );
-    field(
-        out,
-        "BECN",
-        u8::from(b.becn()),
-        if b.becn() {
-            "congestion reported for the opposite direction"
-        } else {
-            "no congestion reported back"
-        },
-    );
+    // The field lines come from the one field list `--hex` and `--html` use too.
+    let all = super::fields::fields(f);
+    let lines = |out: &mut String, layer: &str| {
+        // (The OpCode is in the BTH's title line; reserved bits are only in `--hex`.)
+        for x in all
+            .iter()
+            .filter(|x| x.layer == layer && x.name != "OpCode" && !x.name.starts_with("Resv"))
+        {
+            field(out, x.name, &x.value, &x.meaning);
+        }
+    };
+    lines(out, "BTH");
     let qp = b.dest_qp();
-    let qp_meaning = if info.transport == Transport::Cnp {
-        "the QP whose sender should slow down".to_string()
-    } else if qp == 1 {
-        "QP1: the General Services QP that carries management datagrams (CM)".to_string()
-    } else if info.request {
-        "the responder's QP this request is for".to_string()
-    } else {
-        "the requester's QP this response goes back to".to_string()
-    };
-    field(out, "DestQP", format!("0x{qp:06x}"), &qp_meaning);
-    let ack_meaning = if !info.request {
-        "not used in responses"
-    } else if matches!(info.transport, Transport::Uc | Transport::Ud) {
-        "no meaning here: UC and UD are never acknowledged"
-    } else if b.ack_req() {
-        "the responder must acknowledge this packet"
-    } else {
-        "no acknowledgement requested (the responder may still ACK later packets)"
-    };
-    field(out, "AckReq", u8::from(b.ack_req()), ack_meaning);
-    let psn_meaning = match info.operation {
-        Operation::ReadRequest => {
-            "a READ consumes one PSN per response packet it asks for (DMALen / path MTU)"
-        }
-        _ if info.request && info.transport == Transport::Rc => {
-            "requests are numbered one by one; the responder expects them in order"
-        }
-        _ if info.transport == Transport::Ud => {
-            "not checked by UD receivers: every datagram stands alone"
-        }
-        _ if info.request => {
-            "UC: a gap tells the receiver a packet was lost; it drops the rest of that message"
-        }
-        Operation::Ack | Operation::AtomicAck => {
-            "the last request PSN this response acknowledges (or NAKs)"
-        }
-        Operation::ReadResponse => "the PSN of the READ request packet slot this data answers",
-        _ => "sequence number",
-    };
-    field(
-        out,
-        "PSN",
-        format!("0x{:06x} ({})", b.psn().value(), b.psn().value()),
-        psn_meaning,
-    );
-
     for &k in info.headers {
-        ext_header(out, f, k);
+        let (layer, title) = match k {
+            HeaderKind::Reth => ("RETH", "RDMA extended transport header"),
+            HeaderKind::Aeth => ("AETH", "ACK extended transport header"),
+            HeaderKind::AtomicEth => ("AtomicETH", "atomic extended transport header"),
+            HeaderKind::AtomicAckEth => ("AtomicAckETH", "atomic ACK extended transport header"),
+            HeaderKind::ImmDt => ("ImmDt", "immediate data"),
+            HeaderKind::Ieth => ("IETH", "invalidate extended transport header"),
+            HeaderKind::Deth => ("DETH", "datagram extended transport header"),
+            HeaderKind::CnpReserved => ("CNP", "congestion notification"),
+        };
+        let _ = writeln!(out, "  {layer:<9} {title}");
+        lines(out, layer);
     }
 
     let payload = r.payload();
@@ -300,168 +216,6 @@ pub fn roce_layers(out: &mut String, f: &Frame<'_>) {
             out,
             "  ICRC      BAD (wire 0x{wire:08x}, computed 0x{computed:08x}): corrupted on the way; a receiver drops it silently"
         );
-    }
-}
-
-fn ext_header(out: &mut String, f: &Frame<'_>, k: HeaderKind) {
-    let r = f.roce();
-    let info = r.info();
-    match k {
-        HeaderKind::Reth => {
-            let Some(h) = r.reth() else { return };
-            let read = info.operation == Operation::ReadRequest;
-            let _ = writeln!(out, "  RETH      RDMA extended transport header");
-            field(
-                out,
-                "VA",
-                format!("0x{:016x}", h.va()),
-                if read {
-                    "remote virtual address to read from"
-                } else {
-                    "remote virtual address the data is written to"
-                },
-            );
-            field(
-                out,
-                "R_Key",
-                format!("0x{:08x}", h.rkey()),
-                if read {
-                    "remote key; the responder checks it grants REMOTE_READ on the range"
-                } else {
-                    "remote key; the responder checks it grants REMOTE_WRITE on the range"
-                },
-            );
-            field(
-                out,
-                "DMALen",
-                h.dma_len(),
-                if read {
-                    "bytes to read; they come back in DMALen / path MTU response packets"
-                } else {
-                    "length of the whole message in bytes (all its packets)"
-                },
-            );
-        }
-        HeaderKind::Aeth => {
-            let Some(h) = r.aeth() else { return };
-            let _ = writeln!(out, "  AETH      ACK extended transport header");
-            let s = h.syndrome();
-            let extra = match s {
-                Syndrome::Ack {
-                    credits: CREDITS_INVALID,
-                } => " (rxe always sends this)",
-                Syndrome::Nak(crate::wire::aeth::NakCode::PsnSequenceError) => {
-                    "; the requester goes back to this PSN"
-                }
-                Syndrome::RnrNak { .. } => "; no receive buffer was posted",
-                _ => "",
-            };
-            field(
-                out,
-                "Syndrome",
-                format!("0x{:02x}", h.syndrome_byte()),
-                &format!("{s}{extra}"),
-            );
-            field(
-                out,
-                "MSN",
-                h.msn(),
-                "message sequence number: messages the responder has completed",
-            );
-        }
-        HeaderKind::AtomicEth => {
-            let Some(h) = r.atomic_eth() else { return };
-            let cas = info.operation == Operation::CompareSwap;
-            let _ = writeln!(out, "  AtomicETH atomic extended transport header");
-            field(
-                out,
-                "VA",
-                format!("0x{:016x}", h.va()),
-                "remote address of the 8-byte operand (must be 8-byte aligned)",
-            );
-            field(
-                out,
-                "R_Key",
-                format!("0x{:08x}", h.rkey()),
-                "remote key; must grant REMOTE_ATOMIC",
-            );
-            field(
-                out,
-                if cas { "Swap" } else { "Add" },
-                format!("0x{:x}", h.swap_add()),
-                if cas {
-                    "written if the remote value equals Compare"
-                } else {
-                    "added to the remote value"
-                },
-            );
-            field(
-                out,
-                "Compare",
-                format!("0x{:x}", h.compare()),
-                if cas {
-                    "value the remote 8 bytes are compared with"
-                } else {
-                    "unused by FETCH_ADD"
-                },
-            );
-        }
-        HeaderKind::AtomicAckEth => {
-            let Some(h) = r.atomic_ack_eth() else { return };
-            let _ = writeln!(out, "  AtomicAckETH");
-            field(
-                out,
-                "OrigData",
-                format!("0x{:x}", h.orig()),
-                "what the remote 8 bytes held before the atomic ran",
-            );
-        }
-        HeaderKind::ImmDt => {
-            let Some(v) = r.immdt() else { return };
-            let _ = writeln!(out, "  ImmDt     immediate data");
-            field(
-                out,
-                "ImmDt",
-                format!("0x{v:08x}"),
-                "handed to the receiver in its completion (wc.imm_data); consumes a receive WQE",
-            );
-        }
-        HeaderKind::Ieth => {
-            let Some(v) = r.ieth() else { return };
-            let _ = writeln!(out, "  IETH      invalidate extended transport header");
-            field(
-                out,
-                "R_Key",
-                format!("0x{v:08x}"),
-                "the responder invalidates this R_Key when the SEND completes",
-            );
-        }
-        HeaderKind::Deth => {
-            let Some(h) = r.deth() else { return };
-            let _ = writeln!(out, "  DETH      datagram extended transport header");
-            let qk = if h.qkey() == GSI_QKEY {
-                "queue key: 0x80010000 is the well-known key of QP1 (GSI)"
-            } else {
-                "queue key; the receiving QP drops the datagram unless it matches its own"
-            };
-            field(out, "Q_Key", format!("0x{:08x}", h.qkey()), qk);
-            field(
-                out,
-                "SrcQP",
-                format!("0x{:06x}", h.src_qp()),
-                "the QP that sent this datagram (reported as wc.src_qp)",
-            );
-        }
-        HeaderKind::CnpReserved => {
-            let zero = r
-                .ext(HeaderKind::CnpReserved)
-                .is_some_and(|b| b.iter().all(|&x| x == 0));
-            let _ = writeln!(
-                out,
-                "  CNP       16 reserved bytes{}",
-                if zero { " (zero)" } else { " (NOT zero)" }
-            );
-        }
     }
 }
 

@@ -4,7 +4,7 @@
 //! responses (ACKs, NAKs, READ responses, atomic ACKs) come back left. Retransmissions,
 //! NAKs and bad ICRCs are marked at the end of their line.
 
-use super::flows::{FlowKey, FlowStats, Tracker};
+use super::flows::{Cause, FlowKey, FlowStats, Story, Tracker};
 use super::{Seen, short_label};
 use crate::wire::Transport;
 use crate::wire::aeth::Syndrome;
@@ -52,6 +52,68 @@ pub fn flow_title(k: &FlowKey, st: &FlowStats) -> String {
     )
 }
 
+/// What the ladder writes after a frame's arrow: retransmission and why, NAK and what it
+/// refuses, bad ICRC.
+pub fn marks(s: &Seen<'_>) -> String {
+    let r = s.frame.roce();
+    let mut marks = String::new();
+    if s.obs.retransmission {
+        marks.push_str(" RETRANSMIT");
+        if let Story::Retransmit {
+            original, cause, ..
+        } = s.obs.story
+        {
+            let _ = match cause {
+                Cause::SeqNak { nak } => write!(marks, " (go-back-N after the NAK in frame {nak}"),
+                Cause::RnrNak { nak } => write!(marks, " (after the RNR NAK in frame {nak}"),
+                Cause::ReadGap { response } => {
+                    write!(
+                        marks,
+                        " (READ again: a response before frame {response} was lost"
+                    )
+                }
+                Cause::Timeout { since } => {
+                    write!(marks, " (TIMEOUT, {:.1} ms without a response", since * 1e3)
+                }
+            };
+            let _ = match original {
+                Some(o) => write!(marks, "; first sent in frame {o})"),
+                None => write!(marks, ")"),
+            };
+        }
+    }
+    if let Some(a) = r.aeth() {
+        match a.syndrome() {
+            Syndrome::Nak(c) => {
+                let _ = write!(marks, " NAK: {}", c.meaning());
+                match s.obs.story {
+                    Story::SeqNak {
+                        expected,
+                        arrived: Some((i, got)),
+                    } => {
+                        let _ = write!(
+                            marks,
+                            " (expected 0x{:06x}, got 0x{:06x} in frame {i})",
+                            expected.value(),
+                            got.value()
+                        );
+                    }
+                    Story::Refuses { request: Some(i) } => {
+                        let _ = write!(marks, " (refuses frame {i})");
+                    }
+                    _ => {}
+                }
+            }
+            Syndrome::RnrNak { .. } => marks.push_str(" RNR NAK"),
+            _ => {}
+        }
+    }
+    if !s.icrc_ok {
+        marks.push_str(" BAD ICRC (dropped by a receiver)");
+    }
+    marks
+}
+
 const ARROW: usize = 60;
 
 impl Ladder {
@@ -66,22 +128,7 @@ impl Ladder {
             self.order.push(key);
             self.transport.insert(key, r.info().transport);
         }
-        let mut marks = String::new();
-        if s.obs.retransmission {
-            marks.push_str(" RETRANSMIT");
-        }
-        if let Some(a) = r.aeth() {
-            match a.syndrome() {
-                Syndrome::Nak(c) => {
-                    let _ = write!(marks, " NAK: {}", c.meaning());
-                }
-                Syndrome::RnrNak { .. } => marks.push_str(" RNR NAK"),
-                _ => {}
-            }
-        }
-        if !s.icrc_ok {
-            marks.push_str(" BAD ICRC (dropped by a receiver)");
-        }
+        let marks = marks(s);
         self.events.entry(key).or_default().push(Event {
             frame: s.packet.index,
             time: s.rel_time,

@@ -8,7 +8,9 @@
 //! dropped them or their answers), for the interop harness to name the culprit.
 
 pub mod explain;
+pub mod fields;
 pub mod flows;
+pub mod html;
 pub mod json;
 pub mod ladder;
 
@@ -25,6 +27,8 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Full,
+    /// `Full` with each frame's bytes, fields marked.
+    Hex,
     Brief,
     Ladder,
     Json,
@@ -59,7 +63,9 @@ struct Summary {
     malformed: Vec<(usize, String)>,
     per_opcode: BTreeMap<u8, usize>,
     icrc_bad: Vec<usize>,
-    retransmitted: Vec<(usize, FlowKey, u32)>,
+    retransmitted: Vec<(usize, FlowKey, u32, String)>,
+    /// Retransmitted packets by cause: after a sequence NAK, an RNR NAK, a timeout.
+    causes: [usize; 3],
     naks: Vec<(usize, String)>,
     /// `--check`: the first bad frame, explained.
     first_bad: Option<String>,
@@ -171,6 +177,17 @@ pub fn short_label(f: &Frame<'_>) -> String {
 /// Decodes `path` in `mode`; returns the number of problems `--check` found (0 in the
 /// other modes).
 pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, DecodeError> {
+    run_frames(path, mode, None, out)
+}
+
+/// As [`run`], showing only frames `first..=last` (every frame is still tracked, so
+/// retransmissions and pairings are those of the whole capture); no summary then.
+pub fn run_frames(
+    path: &Path,
+    mode: Mode,
+    frames: Option<(usize, usize)>,
+    out: &mut dyn Write,
+) -> Result<usize, DecodeError> {
     let cap = Capture::open(path)?;
     let packets = cap.packets()?;
     let mut tracker = Tracker::default();
@@ -192,11 +209,29 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, Decode
         let t0 = *t0.get_or_insert(p.time);
         let rel = p.time.saturating_sub(t0).as_secs_f64();
         text.clear();
+        let shown = frames.is_none_or(|(a, b)| (a..=b).contains(&p.index));
+        if !shown && mode != Mode::Check {
+            if let Ok(f) = p.roce() {
+                let icrc_ok = f.verify_icrc().is_ok();
+                {
+                    if p.comment.is_some() {
+                        tracker.section_break();
+                    }
+                    tracker.observe(p.index, rel, &f, icrc_ok)
+                };
+            }
+            continue;
+        }
         match p.roce() {
             Ok(f) => {
                 sum.roce += 1;
                 let icrc_ok = f.verify_icrc().is_ok();
-                let obs = tracker.observe(p.index, &f, icrc_ok);
+                let obs = {
+                    if p.comment.is_some() {
+                        tracker.section_break();
+                    }
+                    tracker.observe(p.index, rel, &f, icrc_ok)
+                };
                 let seen = Seen {
                     packet: p,
                     rel_time: rel,
@@ -209,7 +244,8 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, Decode
                     check_frame(&mut sum, &seen);
                 }
                 match mode {
-                    Mode::Full => full(&mut text, &seen),
+                    Mode::Full => full(&mut text, &seen, false),
+                    Mode::Hex => full(&mut text, &seen, true),
                     Mode::Brief => brief(&mut text, &seen),
                     Mode::Ladder => ladder.push(&seen),
                     Mode::Json => json::roce(&mut text, &seen),
@@ -231,7 +267,7 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, Decode
                     *sum.other.entry(kind).or_insert(0) += 1;
                 }
                 match mode {
-                    Mode::Full => {
+                    Mode::Full | Mode::Hex => {
                         if broken {
                             let _ = writeln!(
                                 text,
@@ -291,7 +327,7 @@ pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, Decode
         text.clear();
         problems = check_report(&mut text, &sum);
         out.write_all(text.as_bytes())?;
-    } else if mode != Mode::Json {
+    } else if mode != Mode::Json && frames.is_none() {
         text.clear();
         summary(&mut text, &sum, &tracker);
         out.write_all(text.as_bytes())?;
@@ -315,7 +351,7 @@ fn check_frame(sum: &mut Summary, s: &Seen<'_>) {
         sum.bad += 1;
         if sum.first_bad.is_none() {
             let mut t = format!("first bad frame: {} ({e})\n", s.packet.index);
-            full(&mut t, s);
+            full(&mut t, s, false);
             sum.first_bad = Some(t);
         }
     }
@@ -390,17 +426,36 @@ fn record(sum: &mut Summary, s: &Seen<'_>) {
     if s.obs.retransmission
         && let Some(k) = s.obs.flow
     {
-        sum.retransmitted.push((s.packet.index, k, b.psn().value()));
+        if let flows::Story::Retransmit { cause, .. } = s.obs.story {
+            sum.causes[match cause {
+                flows::Cause::SeqNak { .. } | flows::Cause::ReadGap { .. } => 0,
+                flows::Cause::RnrNak { .. } => 1,
+                flows::Cause::Timeout { .. } => 2,
+            }] += 1;
+        }
+        sum.retransmitted.push((
+            s.packet.index,
+            k,
+            b.psn().value(),
+            flows::story_text(&s.obs.story, b.psn()).unwrap_or_default(),
+        ));
     }
     if let Some(a) = r.aeth() {
         match a.syndrome() {
             Syndrome::Ack { .. } => {}
-            other => sum.naks.push((s.packet.index, other.to_string())),
+            other => {
+                let t = match (s.obs.story, flows::story_text(&s.obs.story, b.psn())) {
+                    (flows::Story::SeqNak { .. }, Some(x)) => x,
+                    (_, Some(x)) => format!("{other}: {x}"),
+                    (_, None) => other.to_string(),
+                };
+                sum.naks.push((s.packet.index, t));
+            }
         }
     }
 }
 
-fn full(out: &mut String, s: &Seen<'_>) {
+fn full(out: &mut String, s: &Seen<'_>, hex: bool) {
     let f = &s.frame;
     let _ = writeln!(
         out,
@@ -414,12 +469,16 @@ fn full(out: &mut String, s: &Seen<'_>) {
     );
     explain::lower_layers(out, f);
     explain::roce_layers(out, f);
-    if s.obs.retransmission {
-        let _ = writeln!(
-            out,
-            "  ** retransmission: PSN 0x{:06x} was already sent in this flow; the requester went back after a timeout or a NAK",
-            f.roce().bth().psn().value()
-        );
+    if let Some(t) = flows::story_text(&s.obs.story, f.roce().bth().psn()) {
+        let what = if s.obs.retransmission {
+            "retransmission"
+        } else {
+            "what happened"
+        };
+        let _ = writeln!(out, "  ** {what}: {t}");
+    }
+    if hex {
+        fields::hex_view(out, f);
     }
     out.push('\n');
 }
@@ -510,15 +569,23 @@ fn summary(out: &mut String, s: &Summary, t: &Tracker) {
                 String::new()
             }
         );
+        let _ = writeln!(out, "      {}", flows::facts(st));
     }
     if s.retransmitted.is_empty() {
         let _ = writeln!(out, "  retransmitted PSNs: none");
     } else {
-        let _ = writeln!(out, "  retransmitted PSNs: {}", s.retransmitted.len());
-        for (i, k, psn) in s.retransmitted.iter().take(20) {
+        let _ = writeln!(
+            out,
+            "  retransmitted PSNs: {} ({} in go-back-N after a sequence NAK or a lost READ response, {} after an RNR NAK, {} after a retransmit timeout)",
+            s.retransmitted.len(),
+            s.causes[0],
+            s.causes[1],
+            s.causes[2]
+        );
+        for (i, k, psn, why) in s.retransmitted.iter().take(20) {
             let _ = writeln!(
                 out,
-                "    frame {i}: PSN 0x{psn:06x} to {} QP 0x{:06x}",
+                "    frame {i}: PSN 0x{psn:06x} to {} QP 0x{:06x}: {why}",
                 k.responder, k.responder_qp
             );
         }
