@@ -245,6 +245,13 @@ struct DemoArgs {
     /// A short run (a few seconds).
     #[arg(long)]
     quick: bool,
+    /// Drop PCT% of RoCE frames each way during the integrity step (nftables on a
+    /// bridge; AF_XDP as root), so the capture shows NAKs and retransmissions.
+    #[arg(long, value_name = "PCT", default_value_t = 0)]
+    loss: u32,
+    /// Frames of each step the capture keeps.
+    #[arg(long, default_value_t = 400)]
+    pcap_per_step: u64,
     /// Engine threads spin when idle: lower latency, two cores busy.
     #[arg(long)]
     busy_poll: bool,
@@ -539,6 +546,8 @@ fn run_demo(a: DemoArgs) -> ExitCode {
         udp: a.udp,
         busy_poll: a.busy_poll,
         threads: a.threads,
+        loss: a.loss,
+        pcap_per_step: a.pcap_per_step,
         ..demo::Opts::default()
     };
     if a.quick {

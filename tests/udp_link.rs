@@ -123,15 +123,53 @@ fn demo_without_root_runs_over_the_udp_link() {
     assert!(out.contains("AF_XDP not possible here (not root"), "{out}");
     assert!(out.contains("UDP socket on 127.0.0.1:4791"), "{out}");
     assert!(out.contains("every byte correct"), "{out}");
-    // The capture it wrote decodes, every ICRC good.
+    // The capture it wrote decodes, every ICRC good; it samples every step, each
+    // step's first frame commented, and every opcode the steps use appears.
     let cap = Capture::open(&dir.join("demo.pcap")).unwrap();
     let mut n = 0;
+    let mut steps = Vec::new();
+    let mut ops = std::collections::BTreeSet::new();
     for p in cap.packets().unwrap() {
         let p = p.unwrap();
-        p.roce().unwrap().verify().unwrap();
+        let f = p.roce().unwrap();
+        f.verify().unwrap();
+        ops.insert(f.roce().info().name);
+        // Step comments, and the comments on the first frame of each opcode kept
+        // after a step's sample ("the first RC_COMPARE_SWAP of this section; ...").
+        match p.comment {
+            Some(c) if c.starts_with("demo step ") => steps.push(c.to_string()),
+            Some(c) => assert!(c.starts_with("the first "), "{c}"),
+            None => {}
+        }
         n += 1;
     }
     assert!(n > 1000, "{n} frames in demo.pcap");
+    assert_eq!(steps.len(), 5, "{steps:?}");
+    assert!(
+        steps[0].starts_with("demo step 1: RC SEND ping-pong"),
+        "{steps:?}"
+    );
+    assert!(steps[4].starts_with("demo step 5: integrity"), "{steps:?}");
+    for op in [
+        "RC_SEND_ONLY",
+        "RC_ACKNOWLEDGE",
+        "RC_RDMA_WRITE_FIRST",
+        "RC_RDMA_WRITE_MIDDLE",
+        "RC_RDMA_WRITE_LAST",
+        "RC_RDMA_READ_REQUEST",
+        "RC_RDMA_READ_RESPONSE_FIRST",
+        "RC_RDMA_READ_RESPONSE_MIDDLE",
+        "RC_RDMA_READ_RESPONSE_LAST",
+        "RC_COMPARE_SWAP",
+        "RC_FETCH_ADD",
+        "RC_ATOMIC_ACKNOWLEDGE",
+        "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        "RC_SEND_FIRST",
+        "RC_SEND_LAST_WITH_IMMEDIATE",
+    ] {
+        assert!(ops.contains(op), "{op} not in the demo capture: {ops:?}");
+    }
+    assert!(n < 5 * 400 + 5 * 64, "{n} frames: the sample is bounded");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

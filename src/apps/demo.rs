@@ -30,9 +30,16 @@ pub struct Opts {
     pub mixed_bytes: u64,
     /// Atomic operations.
     pub atomics: u64,
-    /// Where to write the capture (the first `pcap_frames` frames of engine A).
+    /// Where to write the capture of engine A (pcapng): the first `pcap_per_step`
+    /// frames of each step, the step named in a comment on its first frame, at most
+    /// `pcap_frames` in all.
     pub pcap: Option<PathBuf>,
     pub pcap_frames: u64,
+    pub pcap_per_step: u64,
+    /// Drop this percentage of RoCE frames each way during the integrity step, with
+    /// nftables on a bridge between the namespaces (AF_XDP only), so that the capture
+    /// shows NAKs, go-back-N and retransmit timeouts.
+    pub loss: u32,
     /// Use the UDP link even as root.
     pub udp: bool,
     /// Engine threads spin instead of sleeping when idle (lower latency, two busy cores).
@@ -52,6 +59,8 @@ impl Default for Opts {
             atomics: 20_000,
             pcap: Some(PathBuf::from("demo.pcap")),
             pcap_frames: 20_000,
+            pcap_per_step: 400,
+            loss: 0,
             udp: false,
             busy_poll: false,
             threads: 1,
@@ -76,6 +85,18 @@ pub struct Summary {
     /// Engine counters of A and B at the end.
     pub stats: [crate::runtime::Stats; 2],
     pub pcap: Option<PathBuf>,
+    /// With `loss`: frames nftables dropped towards A and towards B.
+    pub lost: Option<(u64, u64)>,
+    /// Frames of A the capture left out (each step keeps its first ones).
+    pub pcap_skipped: u64,
+}
+
+/// The namespaces of the demo: a veth pair, or (for `--loss`) two ends behind a bridge
+/// whose egress can drop frames (AF_XDP transmissions skip the sender's own egress).
+enum Topology {
+    /// Held for its `Drop`, which removes the namespaces.
+    Pair(#[allow(dead_code)] Pair),
+    Bridged(crate::netns::Bridged),
 }
 
 /// Runs the demo, printing progress through `say`.
@@ -85,27 +106,64 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
     } else {
         crate::netns::available().and_then(|_| crate::host::check_xdp_privileges())
     };
-    // The pair must outlive the devices: declared first, dropped last.
+    if o.loss > 0 && xdp.is_err() {
+        return Err(format!(
+            "--loss needs AF_XDP and network namespaces (nftables drops on a bridge between them): {}",
+            xdp.as_ref().err().map_or("", |e| e.as_str())
+        ));
+    }
+    if o.loss > 0 && o.threads > 1 {
+        return Err("--loss runs one engine thread per device (no --threads)".into());
+    }
+    if o.loss > 50 {
+        return Err(format!("--loss {}: at most 50 (%)", o.loss));
+    }
+    // The namespaces must outlive the devices: declared first, dropped last.
     let pair;
     let (ca, cb, ip_a, ip_b) = match xdp {
         Ok(()) => {
-            pair = Some(Pair::with_queues(
-                "roce-demo",
-                0,
-                o.netdev_mtu,
-                o.threads.max(1) as u32,
-            )?);
-            let p = pair.as_ref().ok_or("no pair")?;
-            say(&format!(
-                "namespaces {} ({}) and {} ({}), veth MTU {}",
-                p.a.name, p.ip_a, p.b.name, p.ip_b, p.mtu
-            ));
-            let mut ca = RuntimeConfig::xdp(&p.ifname);
-            ca.netns = Some(p.a.name.clone());
+            let (ifname, na, nb, a, b) = if o.loss > 0 {
+                let br = crate::netns::Bridged::new("roce-demo", 0, 2, o.netdev_mtu)?;
+                say(&format!(
+                    "namespaces {} ({}) and {} ({}) behind a bridge in {}, MTU {}",
+                    br.ends[0].name,
+                    br.ips[0],
+                    br.ends[1].name,
+                    br.ips[1],
+                    br.mid.name,
+                    o.netdev_mtu
+                ));
+                let t = (
+                    br.ifname.clone(),
+                    br.ends[0].name.clone(),
+                    br.ends[1].name.clone(),
+                    br.ips[0],
+                    br.ips[1],
+                );
+                pair = Some(Topology::Bridged(br));
+                t
+            } else {
+                let p = Pair::with_queues("roce-demo", 0, o.netdev_mtu, o.threads.max(1) as u32)?;
+                say(&format!(
+                    "namespaces {} ({}) and {} ({}), veth MTU {}",
+                    p.a.name, p.ip_a, p.b.name, p.ip_b, p.mtu
+                ));
+                let t = (
+                    p.ifname.clone(),
+                    p.a.name.clone(),
+                    p.b.name.clone(),
+                    p.ip_a,
+                    p.ip_b,
+                );
+                pair = Some(Topology::Pair(p));
+                t
+            };
+            let mut ca = RuntimeConfig::xdp(&ifname);
+            ca.netns = Some(na);
             ca.threads = o.threads.max(1);
             let mut cb = ca.clone();
-            cb.netns = Some(p.b.name.clone());
-            (ca, cb, IpAddr::V4(p.ip_a), IpAddr::V4(p.ip_b))
+            cb.netns = Some(nb);
+            (ca, cb, IpAddr::V4(a), IpAddr::V4(b))
         }
         Err(why) => {
             pair = None;
@@ -131,6 +189,7 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
     ca.busy_poll = o.busy_poll;
     ca.pcap = o.pcap.clone();
     ca.pcap_max_frames = Some(o.pcap_frames);
+    ca.pcap_ng = true;
     ca.stats_file = Some(super::stats::default_path("demo-a"));
     let mut cb = cb;
     cb.busy_poll = o.busy_poll;
@@ -161,6 +220,14 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
         mtu.bytes()
     ));
     let mut rows = Vec::new();
+    let mut step_no = 0;
+    // Each step keeps its first `keep` frames (and the first of each opcode after them).
+    let mut step = |name: &str, keep: u64| {
+        step_no += 1;
+        da.capture_section(&format!("demo step {step_no}: {name}"), keep);
+    };
+    let keep = o.pcap_per_step;
+    step("RC SEND ping-pong, 64 B", keep);
     let t = Instant::now();
     let r = workload::pingpong(&a, &b, 64, o.iters)?;
     rows.push(Row {
@@ -173,6 +240,7 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
     for (op, name) in [(Stream::Write, "RDMA WRITE"), (Stream::Read, "RDMA READ")] {
         let t = Instant::now();
         let label = format!("{name} {} KiB", o.stream_size >> 10);
+        step(&format!("{label} bandwidth"), keep);
         let mut p = Progress::new(&label, o.stream_bytes, true);
         let r: Report = workload::stream(&a, &b, op, o.stream_size, o.stream_bytes, 16, &mut p)?;
         rows.push(Row {
@@ -183,6 +251,7 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
         });
         say(&line(rows.last()));
     }
+    step("atomics FETCH_ADD + CMP_SWAP", keep);
     let t = Instant::now();
     let r = workload::atomics(&a, &b, o.atomics, 16)?;
     rows.push(Row {
@@ -192,6 +261,32 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
         secs: t.elapsed().as_secs_f64(),
     });
     say(&line(rows.last()));
+    let mut lost = None;
+    let loss_rules = match &pair {
+        Some(Topology::Bridged(br)) if o.loss > 0 => {
+            br.lose(0, o.loss)?;
+            br.lose(1, o.loss)?;
+            say(&format!(
+                "integrity step under {}% loss each way (nftables on the bridge)",
+                o.loss
+            ));
+            Some(br)
+        }
+        _ => None,
+    };
+    if o.loss > 0 {
+        step(
+            &format!(
+                "integrity: mixed WRITE/READ/SEND/atomics under {}% loss each way",
+                o.loss
+            ),
+            // Everything up to the capture's own limit: NAKs and go-back-N come often,
+            // a retransmit timeout only a few times in a run.
+            u64::MAX,
+        );
+    } else {
+        step("integrity: mixed WRITE/READ/SEND/atomics", keep);
+    }
     let t = Instant::now();
     let mut p = Progress::new("mixed, byte-checked", o.mixed_bytes, true);
     let m = workload::mixed(&a, &b, o.mixed_bytes, 1 << 20, 0xdec0de, &mut p)?;
@@ -207,6 +302,10 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
         secs: t.elapsed().as_secs_f64(),
     });
     say(&line(rows.last()));
+    if let Some(br) = loss_rules {
+        lost = Some((br.lost(0), br.lost(1)));
+    }
+    let pcap_skipped = da.capture_skipped();
     let link = da.info().link.clone();
     drop(a);
     drop(b);
@@ -219,6 +318,8 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
         link,
         stats,
         pcap: o.pcap.clone(),
+        lost,
+        pcap_skipped,
     })
 }
 
@@ -257,10 +358,27 @@ pub fn table(s: &Summary) -> String {
         c[0].drops(),
         c[1].drops(),
     ));
+    if let Some((to_a, to_b)) = s.lost {
+        t.push_str(&format!(
+            "loss: nftables dropped {to_a} frames towards A and {to_b} towards B; \
+             A received {} PSN sequence error NAKs and retransmitted {} packets in \
+             {} go-back-N rounds after a NAK and {} after a retransmit timeout; B sent {} NAKs \
+             and answered {} duplicates\n",
+            c[0].rcvd_seq_err,
+            c[0].retransmitted_pkts,
+            c[0].rcvd_seq_err,
+            c[0].timeouts,
+            c[1].nak_seq_sent,
+            c[1].duplicate_request,
+        ));
+    }
     if let Some(p) = &s.pcap {
         t.push_str(&format!(
-            "capture: {} (the first frames of engine A; `roce-xdp decode {} --ladder | less`)\n",
+            "capture: {} (pcapng: the first frames of each step of engine A, each step's first frame \
+             commented, {} later frames left out; `roce-xdp decode {} --ladder | less`, \
+             or `--html demo.html`)\n",
             p.display(),
+            s.pcap_skipped,
             p.display()
         ));
     }

@@ -81,6 +81,9 @@ pub struct RuntimeConfig {
     pub pcap: Option<PathBuf>,
     /// Stop writing the pcap after this many frames (long runs make huge captures).
     pub pcap_max_frames: Option<u64>,
+    /// Write pcapng instead of pcap: needed for the comments of
+    /// [`Device::capture_section`].
+    pub pcap_ng: bool,
     /// Publish counters to this JSON file every 500 ms (what `roce-xdp stats` reads).
     pub stats_file: Option<PathBuf>,
     /// Override of the port MTU (IB MTU) the interface's MTU would give.
@@ -164,6 +167,7 @@ impl RuntimeConfig {
             busy_poll: false,
             pcap: None,
             pcap_max_frames: None,
+            pcap_ng: false,
             stats_file: None,
             port_mtu: None,
             threads: 1,
@@ -913,6 +917,22 @@ impl Device {
     /// [`Device::completion_beats`] returned `seen`, or until `timeout` passes.
     pub fn wait_completions(&self, seen: u64, timeout: Duration) {
         self.sh.set.pulse.wait(seen, timeout)
+    }
+
+    /// Starts a section of the capture (`RuntimeConfig::pcap`): its first frame carries
+    /// `comment` (with `pcap_ng`), and at most `limit` frames of it are kept, so that a
+    /// long run's capture samples each of its steps. No-op without a capture.
+    pub fn capture_section(&self, comment: &str, limit: u64) {
+        let mut g = self.sh.set.tap.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = g.as_mut() {
+            w.begin_section(comment, limit);
+        }
+    }
+
+    /// Frames the capture left out because their section was full.
+    pub fn capture_skipped(&self) -> u64 {
+        let g = self.sh.set.tap.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().map_or(0, |w| w.skipped())
     }
 
     /// How many engine threads run this device.

@@ -331,6 +331,9 @@ pub(crate) struct ShardSet {
     pub stats: Vec<Arc<Mutex<Stats>>>,
     /// Beats once per batch of completions handed out, on any CQ.
     pub pulse: super::Pulse,
+    /// The capture every shard writes to (`RuntimeConfig::pcap`), shared with the
+    /// device so that it can mark sections of a run.
+    pub tap: Tap,
 }
 
 /// A channel of frames handed from one engine thread to another (the last two bytes
@@ -377,6 +380,7 @@ impl ShardSet {
             pool,
             stats,
             pulse: super::Pulse::default(),
+            tap: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -431,6 +435,7 @@ pub(crate) fn run(
     };
     let tap = match &cfg.pcap {
         Some(p) => match std::fs::File::create(p) {
+            Ok(f) if cfg.pcap_ng => Writer::new_ng(BufWriter::new(f)).ok(),
             Ok(f) => Writer::new(BufWriter::new(f)).ok(),
             Err(e) => {
                 let _ = ready.send(Err(format!("creating {}: {e}", p.display())));
@@ -439,7 +444,8 @@ pub(crate) fn run(
         },
         None => None,
     };
-    let tap = Arc::new(Mutex::new(tap));
+    *set.tap.lock().unwrap_or_else(|e| e.into_inner()) = tap;
+    let tap = set.tap.clone();
     let n = set.len();
     // Several engine threads: one link part (group of queues) and one engine each.
     let mut parts = match (n, link) {
@@ -496,7 +502,7 @@ pub(crate) fn run(
     shard_loop(0, cfg, engine, link, set, events, tap, others);
 }
 
-type Tap = Arc<Mutex<Option<Writer<BufWriter<std::fs::File>>>>>;
+pub(crate) type Tap = Arc<Mutex<Option<Writer<BufWriter<std::fs::File>>>>>;
 
 /// One engine thread's loop. Shard 0 also writes the stats file and, when it stops,
 /// stops and joins the others.
