@@ -78,7 +78,17 @@ fn tshark(name: &str) -> Vec<Row> {
         .collect()
 }
 
-const CAPTURES: [&str; 2] = ["rxe-vm2vm-mtu1024", "rxe-afxdp-peer"];
+/// The capture file of `name` (pcap or pcapng).
+fn capture(name: &str) -> PathBuf {
+    let p = data(&format!("{name}.pcap"));
+    if p.exists() {
+        p
+    } else {
+        data(&format!("{name}.pcapng"))
+    }
+}
+
+const CAPTURES: [&str; 3] = ["rxe-vm2vm-mtu1024", "rxe-afxdp-peer", "roce-xdp-loss"];
 
 /// The summary's "frames per opcode" equals tshark's count of each opcode.
 #[test]
@@ -89,7 +99,7 @@ fn frames_per_opcode_match_tshark_on_every_capture() {
         for r in &rows {
             *want.entry(r.opcode).or_default() += 1;
         }
-        let o = decode(&["--brief", data(&format!("{c}.pcap")).to_str().unwrap()]);
+        let o = decode(&["--brief", capture(c).to_str().unwrap()]);
         let out = text(&o.stdout);
         let sum = out.split_once("frames per opcode:\n").unwrap().1;
         let mut got: BTreeMap<u8, usize> = BTreeMap::new();
@@ -123,7 +133,7 @@ fn requests_and_responses_pair_as_tshark_counts_them() {
         }
         // A frame with a bad ICRC is dropped by any receiver: decode classifies it but
         // counts it in no flow, so it leaves tshark's counts too.
-        let cap = Capture::open(&data(&format!("{c}.pcap"))).unwrap();
+        let cap = Capture::open(&capture(c)).unwrap();
         for p in cap.packets().unwrap() {
             let p = p.unwrap();
             if let Ok(f) = p.roce()

@@ -237,7 +237,7 @@ fn mad_lines(out: &mut String, payload: &[u8]) {
     };
     let _ = writeln!(
         out,
-        "  MAD       {} (class 0x{:02x} version {})  method {}  TID 0x{:016x}  attribute 0x{:04x} {}",
+        "  MAD       {} (class 0x{:02x} version {})  method {}  TID 0x{:016x}  attribute 0x{:04x} {} (IBA 13.4)",
         mad::class_name(m.mgmt_class),
         m.mgmt_class,
         m.class_version,
@@ -267,7 +267,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         CmMessage::Req(r) => {
             let _ = writeln!(
                 out,
-                "  CM REQ    connect request: local comm ID 0x{:08x}, service ID 0x{:016x}{}",
+                "  CM REQ    connect request (IBA 12.6): local comm ID 0x{:08x}, service ID 0x{:016x}{}",
                 r.local_comm_id,
                 r.service_id,
                 if cm::is_rdma_cm_service(r.service_id) {
@@ -317,7 +317,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         CmMessage::Rep(r) => {
             let _ = writeln!(
                 out,
-                "  CM REP    connect reply: local comm ID 0x{:08x}, remote comm ID 0x{:08x}",
+                "  CM REP    connect reply (IBA 12.6): local comm ID 0x{:08x}, remote comm ID 0x{:08x}",
                 r.local_comm_id, r.remote_comm_id
             );
             let _ = writeln!(
@@ -337,7 +337,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         } => {
             let _ = writeln!(
                 out,
-                "  CM RTU    ready to use: local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}; the connection is established"
+                "  CM RTU    ready to use (IBA 12.6): local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}; the connection is established"
             );
         }
         CmMessage::Rej(r) => {
@@ -348,7 +348,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
             };
             let _ = writeln!(
                 out,
-                "  CM REJ    reject of {what}: reason {} ({}); local comm ID 0x{:08x}, remote comm ID 0x{:08x}",
+                "  CM REJ    reject of {what}: reason {} ({}, IBA table 112); local comm ID 0x{:08x}, remote comm ID 0x{:08x}",
                 r.reason,
                 cm::reject_reason(r.reason),
                 r.local_comm_id,
@@ -358,7 +358,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         CmMessage::Mra(m) => {
             let _ = writeln!(
                 out,
-                "  CM MRA    message received, reply will take longer: service timeout code {}; local comm ID 0x{:08x}",
+                "  CM MRA    message received, reply will take longer (IBA 12.6.6): service timeout code {}; local comm ID 0x{:08x}",
                 m.service_timeout, m.local_comm_id
             );
         }
@@ -370,7 +370,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         } => {
             let _ = writeln!(
                 out,
-                "  CM DREQ   disconnect request for QP 0x{remote_qpn:06x}: local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}"
+                "  CM DREQ   disconnect request for QP 0x{remote_qpn:06x} (IBA 12.6): local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}"
             );
         }
         CmMessage::Drep {
@@ -380,13 +380,13 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
         } => {
             let _ = writeln!(
                 out,
-                "  CM DREP   disconnect reply: local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}"
+                "  CM DREP   disconnect reply (IBA 12.6): local comm ID 0x{local_comm_id:08x}, remote comm ID 0x{remote_comm_id:08x}"
             );
         }
         CmMessage::SidrReq(r) => {
             let _ = writeln!(
                 out,
-                "  CM SIDR_REQ which UD QP serves service ID 0x{:016x} ({} port {})? request ID 0x{:08x}, P_Key 0x{:04x}",
+                "  CM SIDR_REQ which UD QP serves service ID 0x{:016x} ({} port {})? request ID 0x{:08x}, P_Key 0x{:04x} (IBA 12.11.1)",
                 r.service_id,
                 cm::port_space_name(r.service_id),
                 r.service_id & 0xffff,
@@ -413,7 +413,7 @@ pub fn cm_lines(out: &mut String, c: &CmMessage<'_>) {
             };
             let _ = writeln!(
                 out,
-                "  CM SIDR_REP status {} ({what}): service ID 0x{:016x} is served by UD QP 0x{:06x} with Q_Key 0x{:08x}; request ID 0x{:08x}",
+                "  CM SIDR_REP status {} ({what}): service ID 0x{:016x} is served by UD QP 0x{:06x} with Q_Key 0x{:08x}; request ID 0x{:08x} (IBA 12.11.2)",
                 r.status, r.service_id, r.qpn, r.qkey, r.request_id
             );
         }

@@ -632,6 +632,14 @@ fn roce(v: &mut Vec<Field>, f: &Frame<'_>) {
         _ if info.request => {
             "UC: a gap tells the receiver a packet was lost; it drops the rest of that message (IBA 9.6.1)"
         }
+        Operation::Ack
+            if matches!(
+                r.aeth().map(|a| a.syndrome()),
+                Some(Syndrome::Nak(_) | Syndrome::RnrNak { .. })
+            ) =>
+        {
+            "the PSN refused: every request before it is acknowledged; this one and those after it are not (IBA 9.7.5.2)"
+        }
         Operation::Ack | Operation::AtomicAck => {
             "the last request PSN this response acknowledges (or NAKs); every request up to it is covered (IBA 9.7.5.1.8, 9.7.5.2)"
         }

@@ -359,7 +359,7 @@ pub fn facts(st: &FlowStats) -> String {
     if st.retransmissions > 0 {
         let _ = write!(
             t,
-            ", {} retransmitted ({} after a timeout)",
+            ", {} retransmitted, {} retransmit timeout(s)",
             st.retransmissions, st.timeouts
         );
     }

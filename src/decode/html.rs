@@ -53,6 +53,7 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
     let cap = Capture::open(input)?;
     let mut tracker = Tracker::default();
     let mut strings = Strings::default();
+    let mut layouts: HashMap<Vec<i64>, usize> = HashMap::new();
     let mut sections: Vec<Section> = Vec::new();
     let mut section_of: HashMap<Section, usize> = HashMap::new();
     let mut transports: Vec<&'static str> = Vec::new();
@@ -109,23 +110,27 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
             icrc_ok,
         };
         let f = &seen.frame;
+        // Frames of one shape share a layout (which fields, where); each frame keeps
+        // only its values and meanings.
         let list = fields::fields(f);
-        let mut flat: Vec<Value> = Vec::with_capacity(list.len() * 8);
+        let mut layout: Vec<i64> = Vec::with_capacity(list.len() * 6);
+        let mut vals: Vec<usize> = Vec::with_capacity(list.len() * 2);
         for x in &list {
             let (hi, w) = x
                 .bits
                 .map_or((-1i64, 0i64), |(h, w)| (i64::from(h), i64::from(w)));
-            flat.extend([
-                json!(strings.id(x.layer)),
-                json!(strings.id(x.name)),
-                json!(x.start),
-                json!(x.len),
-                json!(hi),
-                json!(w),
-                json!(strings.id(&x.value)),
-                json!(strings.id(&x.meaning)),
+            layout.extend([
+                strings.id(x.layer) as i64,
+                strings.id(x.name) as i64,
+                x.start as i64,
+                x.len as i64,
+                hi,
+                w,
             ]);
+            vals.extend([strings.id(&x.value), strings.id(&x.meaning)]);
         }
+        let n = layouts.len();
+        let layout_id = *layouts.entry(layout).or_insert(n);
         // Bytes: everything up to PAYLOAD_SHOWN bytes into the payload, then the pad
         // and ICRC at their offset.
         let b = f.bytes();
@@ -146,7 +151,7 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
             hex(&b[..head_end]),
             tail_off,
             hex(b.get(tail_off..).unwrap_or(&[])),
-            flat,
+            json!([layout_id, vals]),
             strings.id(&story),
             u8::from(seen.obs.retransmission),
             u8::from(!icrc_ok),
@@ -194,12 +199,16 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
             opcodes.push((code, op.name()));
         }
     }
+    let mut layout_list: Vec<(Vec<i64>, usize)> = layouts.into_iter().collect();
+    layout_list.sort_by_key(|(_, i)| *i);
+    let layout_list: Vec<Vec<i64>> = layout_list.into_iter().map(|(l, _)| l).collect();
     let data = json!({
         "file": input.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
         "total": total,
         "other": other,
         "malformed": malformed,
         "strings": strings.list,
+        "layouts": layout_list,
         "conns": conns,
         "frames": frames,
         "opcodes": opcodes.iter().map(|(c, n)| json!([c, n])).collect::<Vec<_>>(),

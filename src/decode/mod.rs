@@ -15,7 +15,7 @@ pub mod json;
 pub mod ladder;
 
 use crate::capture::{Capture, CaptureError, LinkType, Packet};
-use crate::wire::aeth::Syndrome;
+use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::{Error as WireError, Frame, Opcode};
 use flows::{FlowKey, Observation, Tracker};
 use std::collections::BTreeMap;
@@ -153,6 +153,21 @@ pub fn short_label(f: &Frame<'_>) -> String {
         match a.syndrome() {
             Syndrome::Ack { .. } => {
                 let _ = write!(s, " ACK msn {}", a.msn());
+            }
+            // Short names here; the ladder's marks and the full view explain them.
+            Syndrome::Nak(c) => {
+                let _ = write!(
+                    s,
+                    " NAK {}",
+                    match c {
+                        NakCode::PsnSequenceError => "PSN sequence error".to_string(),
+                        NakCode::InvalidRequest => "invalid request".to_string(),
+                        NakCode::RemoteAccessError => "remote access error".to_string(),
+                        NakCode::RemoteOperationalError => "remote operational error".to_string(),
+                        NakCode::InvalidRdRequest => "invalid RD request".to_string(),
+                        NakCode::Reserved(x) => format!("reserved code {x}"),
+                    }
+                );
             }
             other => {
                 let _ = write!(s, " {other}");
