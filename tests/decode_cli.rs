@@ -1,27 +1,9 @@
 //! `roce-xdp decode` as a user runs it.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn data(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn decode(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_roce-xdp"))
-        .arg("decode")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8(b.to_vec()).unwrap()
-}
+use common::decode::{data_s as data, decode, text};
+use std::process::Output;
 
 #[test]
 fn json_is_one_object_per_frame_with_the_required_keys() {

@@ -1,30 +1,16 @@
 //! What `decode` teaches, checked against what tshark found in the same captures
 //! (tests/data/*.tshark.tsv), and the HTML report checked in a real browser.
 
+mod common;
+
+use common::decode::{data, decode, rc_frame, text};
 use roce_xdp::capture::Capture;
 use roce_xdp::decode::flows::Tracker;
 use roce_xdp::wire::Opcode;
 use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
-
-fn decode(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_roce-xdp"))
-        .arg("decode")
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
 
 /// One tshark row: the columns of the TSV's first line.
 struct Row {
@@ -520,12 +506,6 @@ fn html_report_of_20000_frames_renders() {
 
 /// `pairs` SEND_ONLY requests from A to B's QP 0x12, each answered by an ACK.
 fn write_big_capture(path: &Path, pairs: u32) {
-    use roce_xdp::wire::ip::Ipv4Repr;
-    use roce_xdp::wire::{
-        AethRepr, BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Psn, ROCE_V2_PORT, RoceRepr,
-        UdpRepr, aeth::Syndrome,
-    };
-    use std::net::Ipv4Addr;
     let a = Ipv4Addr::new(198, 18, 7, 1);
     let b = Ipv4Addr::new(198, 18, 7, 2);
     let mut w = roce_xdp::capture::Writer::new(std::io::BufWriter::new(
@@ -534,51 +514,65 @@ fn write_big_capture(path: &Path, pairs: u32) {
     .unwrap();
     let payload = [0x5au8; 64];
     for i in 0..pairs {
-        for ack in [false, true] {
-            let (src, dst, op, aeth, pl): (_, _, _, _, &[u8]) = if ack {
-                (
-                    b,
-                    a,
-                    Opcode(0x11),
-                    Some(AethRepr {
-                        syndrome: Syndrome::ACK,
-                        msn: i + 1,
-                    }),
-                    &[],
-                )
-            } else {
-                (a, b, Opcode(0x04), None, &payload)
-            };
-            let repr = FrameRepr {
-                eth: EthRepr {
-                    dst: [2, 0, 0, 0, 0, 2],
-                    src: [2, 0, 0, 0, 0, 1],
-                    vlan: None,
-                    ethertype: 0x0800,
-                },
-                ip: IpRepr::V4(Ipv4Repr::new(src, dst, 0)),
-                udp: UdpRepr {
-                    src_port: 49152,
-                    dst_port: ROCE_V2_PORT,
-                },
-                roce: RoceRepr {
-                    bth: BthRepr {
-                        ack_req: !ack,
-                        ..BthRepr::new(op, if ack { 0x11 } else { 0x12 }, Psn::new(0x1000 + i))
-                    },
-                    ext: ExtRepr {
-                        aeth,
-                        ..ExtRepr::default()
-                    },
-                    payload: pl,
-                },
-            };
-            let mut buf = vec![0u8; repr.buffer_len().unwrap()];
-            let n = repr.emit(&mut buf).unwrap();
-            let t = std::time::Duration::from_micros(u64::from(i) * 20 + u64::from(ack) * 9);
-            w.write(t, &buf[..n]).unwrap();
-        }
+        let t = |us: u64| std::time::Duration::from_micros(u64::from(i) * 20 + us);
+        w.write(t(0), &rc_frame(a, b, 0x12, 0x1000 + i, None, &payload))
+            .unwrap();
+        w.write(t(9), &rc_frame(b, a, 0x11, 0x1000 + i, Some(i + 1), &[]))
+            .unwrap();
     }
     use std::io::Write as _;
     w.into_inner().flush().unwrap();
+}
+
+/// A flow is one connection: the same QP numbers coming back with a PSN far from the
+/// flow's window start a new one (each process numbers its first QP 0x11 and starts at a
+/// random PSN), while a PSN just before the window is a retransmission reaching back.
+#[test]
+fn a_new_connection_reusing_the_qp_numbers_is_a_flow_of_its_own() {
+    let (a, b) = (Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 18, 0, 2));
+    let mut t = Tracker::default();
+    let mut i = 0;
+    let mut feed = |t: &mut Tracker, f: Vec<u8>| {
+        i += 1;
+        t.observe(
+            i,
+            i as f64,
+            &roce_xdp::wire::Frame::parse(&f).unwrap(),
+            true,
+        )
+    };
+    let req = |p| rc_frame(a, b, 0x11, p, None, &[]);
+    let ack = |p| rc_frame(b, a, 0x11, p, Some(1), &[]);
+    // Connection 1: PSNs 0x100..0x103 from A's QP 0x11 to B's QP 0x11, each ACKed.
+    for p in 0x100..0x104 {
+        assert!(!feed(&mut t, req(p)).retransmission);
+        feed(&mut t, ack(p));
+    }
+    // One retransmission within it.
+    assert!(feed(&mut t, req(0x102)).retransmission);
+    // Connection 2, same QP numbers, random start PSNs: one far ahead, then one behind:
+    // new connections, not retransmissions.
+    let o = feed(&mut t, req(0x80_0000));
+    assert!(!o.retransmission);
+    assert_eq!(o.flow.unwrap().conn, 1);
+    let r = feed(&mut t, ack(0x80_0000));
+    assert_eq!(
+        r.flow.unwrap().conn,
+        1,
+        "the ACK pairs with the new connection"
+    );
+    let o = feed(&mut t, req(0x40_0000));
+    assert!(!o.retransmission);
+    assert_eq!(o.flow.unwrap().conn, 2);
+    // Just before a window is a retransmission reaching back, not a new connection (a
+    // capture that starts mid-connection).
+    let o = feed(&mut t, req(0x40_0000 - 100));
+    assert!(o.retransmission);
+    assert_eq!(o.flow.unwrap().conn, 2);
+    assert_eq!(t.flows.len(), 3);
+    let first = t.flows.values().find(|s| s.first_frame == 1).unwrap();
+    assert_eq!(
+        (first.requests, first.responses, first.retransmissions),
+        (5, 4, 1)
+    );
 }

@@ -85,13 +85,8 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
                 continue;
             }
         };
-        let icrc_ok = f.verify_icrc().is_ok();
-        let obs = {
-            if p.comment.is_some() {
-                tracker.section_break();
-            }
-            tracker.observe(p.index, rel, &f, icrc_ok)
-        };
+        let seen = Seen::observe(&mut tracker, p, rel, f);
+        let (f, obs, icrc_ok) = (&seen.frame, seen.obs, seen.icrc_ok);
         let r = f.roce();
         let sec = match obs.flow {
             Some(k) => Section::Flow(k),
@@ -102,14 +97,7 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
             transports.push(r.info().transport.name());
             sections.len() - 1
         });
-        let seen = Seen {
-            packet: p,
-            rel_time: rel,
-            frame: f,
-            obs,
-            icrc_ok,
-        };
-        let f = &seen.frame;
+
         // Frames of one shape share a layout (which fields, where); each frame keeps
         // only its values and meanings.
         let list = fields::fields(f);

@@ -54,6 +54,30 @@ pub struct Seen<'a> {
     pub icrc_ok: bool,
 }
 
+impl<'a> Seen<'a> {
+    /// Checks the ICRC and feeds the frame to `tracker` (a commented frame of a sampled
+    /// capture starts a section first: frames before it were left out).
+    pub fn observe(
+        tracker: &mut Tracker,
+        packet: Packet<'a>,
+        rel_time: f64,
+        frame: Frame<'a>,
+    ) -> Seen<'a> {
+        let icrc_ok = frame.verify_icrc().is_ok();
+        if packet.comment.is_some() {
+            tracker.section_break();
+        }
+        let obs = tracker.observe(packet.index, rel_time, &frame, icrc_ok);
+        Seen {
+            packet,
+            rel_time,
+            frame,
+            obs,
+            icrc_ok,
+        }
+    }
+}
+
 /// Counts for the closing summary.
 #[derive(Default)]
 struct Summary {
@@ -227,33 +251,14 @@ pub fn run_frames(
         let shown = frames.is_none_or(|(a, b)| (a..=b).contains(&p.index));
         if !shown && mode != Mode::Check {
             if let Ok(f) = p.roce() {
-                let icrc_ok = f.verify_icrc().is_ok();
-                {
-                    if p.comment.is_some() {
-                        tracker.section_break();
-                    }
-                    tracker.observe(p.index, rel, &f, icrc_ok)
-                };
+                Seen::observe(&mut tracker, p, rel, f);
             }
             continue;
         }
         match p.roce() {
             Ok(f) => {
                 sum.roce += 1;
-                let icrc_ok = f.verify_icrc().is_ok();
-                let obs = {
-                    if p.comment.is_some() {
-                        tracker.section_break();
-                    }
-                    tracker.observe(p.index, rel, &f, icrc_ok)
-                };
-                let seen = Seen {
-                    packet: p,
-                    rel_time: rel,
-                    frame: f,
-                    obs,
-                    icrc_ok,
-                };
+                let seen = Seen::observe(&mut tracker, p, rel, f);
                 record(&mut sum, &seen);
                 if mode == Mode::Check {
                     check_frame(&mut sum, &seen);

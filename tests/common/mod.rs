@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cabi;
+pub mod decode;
 pub mod rt;
 pub mod transfer;
 
