@@ -360,6 +360,10 @@ fn perftest_commands_talk_to_each_other() {
     let pair = Pair::new("rxf", 9, 1500).unwrap();
     for (i, (test, extra)) in [
         ("write_bw", vec!["-s", "65536", "-n", "200"]),
+        (
+            "write_bw",
+            vec!["-s", "65536", "-n", "200", "--report_gbits"],
+        ),
         ("read_bw", vec!["-s", "65536", "-n", "200"]),
         ("send_bw", vec!["-s", "4096", "-n", "500"]),
         ("write_lat", vec!["-s", "2", "-n", "200"]),
@@ -383,6 +387,22 @@ fn perftest_commands_talk_to_each_other() {
             assert!(c.contains("BW average"), "{c}");
             // The server prints what it was told (bw tests) or measured (send_bw).
             assert!(s.contains("BW average"), "{s}");
+        }
+        if extra.contains(&"--report_gbits") {
+            // Decimal Gbit/s, the same figure on both sides: a veth pair on this kind of
+            // machine carries a few Gbit/s (the MiB/s figure would be hundreds).
+            let avg = |o: &str| -> f64 {
+                let l = o
+                    .lines()
+                    .skip_while(|l| !l.contains("BW average[Gb/sec]"))
+                    .nth(1);
+                l.and_then(|l| l.split_whitespace().nth(3))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(-1.0)
+            };
+            let (ac, as_) = (avg(&c), avg(&s));
+            assert!(ac > 0.0 && ac < 40.0, "{ac} Gb/sec:\n{c}");
+            assert!((ac - as_).abs() < 0.011, "client {ac}, server {as_}");
         }
         println!("{test}: {}", c.lines().last().unwrap_or(""));
     }

@@ -381,27 +381,48 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
     Ok(report)
 }
 
+/// Bytes per second in one of perftest's units: `MB/sec` is 2^20 bytes per second,
+/// `--report_gbits` decimal Gbit/s (perftest's `format_factor`: 0x100000 or 125000000).
+fn per_unit(gbits: bool) -> f64 {
+    if gbits { 125_000_000.0 } else { 1_048_576.0 }
+}
+
+/// A bandwidth kept in MiB/s (`Report`), in the unit asked for.
+fn in_unit(mib_s: f64, gbits: bool) -> f64 {
+    mib_s * 1_048_576.0 / per_unit(gbits)
+}
+
 fn print_bw(out: &mut dyn FnMut(&str), r: &Report, gbits: bool) {
     let unit = if gbits { "Gb/sec" } else { "MB/sec" };
     out(&format!(
         " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]\n {:<10} {:<10}       {:.2}               {:.2}                  {:.6}",
-        r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate
+        r.size,
+        r.iters,
+        in_unit(r.bw_peak, gbits),
+        in_unit(r.bw_avg, gbits),
+        r.msg_rate
     ));
 }
 
 /// The client writes its report, the server reads it (and sends back its own, which
-/// perftest's client ignores: send it zeros).
-fn xchg_reports(c: &mut Comm, r: &mut Report, _gbits: bool) -> Result<(), String> {
+/// perftest's client ignores: send it zeros). The bandwidths travel in the unit both
+/// sides print (perftest's client sends what it printed), so a stock perftest server
+/// prints our figures right, and ours prints a stock client's.
+fn xchg_reports(c: &mut Comm, r: &mut Report, gbits: bool) -> Result<(), String> {
     let mut b = [0u8; 8];
     let mine = *r;
     c.xchg(&mine.size.to_be_bytes(), &mut b)?;
     let size = u64::from_be_bytes(b);
     c.xchg(&mine.iters.to_be_bytes(), &mut b)?;
     let iters = u64::from_be_bytes(b);
-    c.xchg(&mine.bw_peak.to_bits().to_be_bytes(), &mut b)?;
-    let peak = f64::from_bits(u64::from_be_bytes(b));
-    c.xchg(&mine.bw_avg.to_bits().to_be_bytes(), &mut b)?;
-    let avg = f64::from_bits(u64::from_be_bytes(b));
+    let back = |v: f64| v / in_unit(1.0, gbits);
+    c.xchg(
+        &in_unit(mine.bw_peak, gbits).to_bits().to_be_bytes(),
+        &mut b,
+    )?;
+    let peak = back(f64::from_bits(u64::from_be_bytes(b)));
+    c.xchg(&in_unit(mine.bw_avg, gbits).to_bits().to_be_bytes(), &mut b)?;
+    let avg = back(f64::from_bits(u64::from_be_bytes(b)));
     c.xchg(&mine.msg_rate.to_bits().to_be_bytes(), &mut b)?;
     let rate = f64::from_bits(u64::from_be_bytes(b));
     if !c.client {
@@ -676,5 +697,31 @@ mod tests {
         assert_eq!(m[107], 0);
         assert_eq!(Dest::decode(&m).unwrap(), d);
         assert!(Dest::decode(b"0000:0010:000011").is_err());
+    }
+
+    /// 1000 MiB/s is 8.39 decimal Gbit/s: `--report_gbits` printed MiB/s under its
+    /// "Gb/sec" header before.
+    #[test]
+    fn report_gbits_prints_decimal_gigabits() {
+        let r = Report {
+            size: 65536,
+            iters: 100,
+            bw_peak: 1200.0,
+            bw_avg: 1000.0,
+            msg_rate: 0.016,
+            ..Report::default()
+        };
+        let mut t = String::new();
+        print_bw(&mut |l| t.push_str(l), &r, true);
+        assert!(
+            t.contains("BW average[Gb/sec]") && t.contains(" 10.07 ") && t.contains(" 8.39 "),
+            "{t}"
+        );
+        let mut t = String::new();
+        print_bw(&mut |l| t.push_str(l), &r, false);
+        assert!(
+            t.contains("BW average[MB/sec]") && t.contains(" 1000.00 "),
+            "{t}"
+        );
     }
 }
