@@ -995,3 +995,87 @@ fn a_late_post_recv_on_the_errored_qp_keeps_the_replies_before_the_nak() {
     assert!(sa.mem.to_vec(0, 3000).unwrap().iter().all(|&x| x == 0x66));
     assert_eq!(a.poll_cq_one(sa.cq).unwrap().status, WcStatus::RemAccessErr);
 }
+
+/// A requester with more READs outstanding than the responder's max_dest_rd_atomic (a
+/// misconfigured or hostile peer): the responder keeps at most that many replies queued,
+/// drops the READs beyond (counted), and the requester's retransmissions get them all
+/// answered, byte-exact.
+#[test]
+fn reads_beyond_max_dest_rd_atomic_are_dropped_not_queued() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 11);
+    let sa = side(&mut a, QpType::Rc, 4 << 20, 256);
+    let sb = side(&mut b, QpType::Rc, 4 << 20, 256);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        1,
+        2,
+        |x| {
+            x.max_rd_atomic = 16;
+            x.timeout = 10;
+        },
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        2,
+        1,
+        |x| {
+            x.max_dest_rd_atomic = 2;
+        },
+    );
+    // 8 KiB READs: 8 PSNs each, so 16 of them fit the requester's 128-PSN window.
+    const SZ: usize = 8192;
+    let n = 32u64;
+    for i in 0..n as usize {
+        sb.mem.fill(i * SZ, SZ, i as u8 + 7).unwrap();
+    }
+    for i in 0..n {
+        let off = i * SZ as u64;
+        a.post_send(
+            sa.qpn,
+            &SendWr::read(
+                i,
+                &[sge(&sa, off as usize, SZ)],
+                sb.mr.addr + off,
+                sb.mr.rkey,
+            ),
+        )
+        .unwrap();
+    }
+    // The requester's first burst (its 16 READ requests) reaches the responder in one
+    // batch, before it sends anything, as a batch of received frames does over AF_XDP.
+    let mut buf = vec![0u8; 9216];
+    let mut burst = 0;
+    while let Some(len) = a.poll_transmit(Time(0), &mut buf) {
+        b.handle_frame(Time(0), &buf[..len]);
+        burst += 1;
+    }
+    assert_eq!(burst, 16, "max_rd_atomic 16 READs in the first burst");
+    assert_eq!(
+        b.counters().drop_rd_atomic_overflow,
+        14,
+        "2 queued, 14 dropped"
+    );
+    // Then the link as usual: the requester retransmits what was dropped.
+    let mut s = sim(a, b, clean(), clean(), 11);
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 20);
+    assert_eq!(wa.len(), n as usize);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    for i in 0..n as usize {
+        let mut got = vec![0u8; SZ];
+        sa.mem.read(i * SZ, &mut got).unwrap();
+        assert!(got.iter().all(|&x| x == i as u8 + 7), "READ {i} data");
+    }
+    let dropped = s.b.counters().drop_rd_atomic_overflow;
+    assert!(dropped > 0, "no READ beyond the responder's 2 was dropped");
+    println!("{dropped} READ requests dropped beyond max_dest_rd_atomic 2");
+}

@@ -78,11 +78,13 @@ pub struct Counters {
     /// Requests dropped silently by the responder (out of sequence after the NAK,
     /// unmatched duplicates).
     pub drop_silent_request: u64,
+    /// READ and atomic requests dropped because max_dest_rd_atomic replies were queued.
+    pub drop_rd_atomic_overflow: u64,
 }
 
 impl Counters {
     /// Every counter with its name, rxe's first.
-    pub fn named(&self) -> [(&'static str, u64); 38] {
+    pub fn named(&self) -> [(&'static str, u64); 39] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -122,6 +124,7 @@ impl Counters {
             ("drop_uc_msg", self.drop_uc_msg),
             ("drop_stale_response", self.drop_stale_response),
             ("drop_silent_request", self.drop_silent_request),
+            ("drop_rd_atomic_overflow", self.drop_rd_atomic_overflow),
         ]
     }
 
@@ -171,6 +174,9 @@ impl Counters {
             "drop_uc_msg" => "frames dropped: rest of a UC message after a loss",
             "drop_stale_response" => "frames dropped: responses matching nothing outstanding",
             "drop_silent_request" => "frames dropped: requests the responder ignores by rule",
+            "drop_rd_atomic_overflow" => {
+                "frames dropped: READ/atomic requests beyond max_dest_rd_atomic outstanding"
+            }
             _ => "",
         }
     }
@@ -215,6 +221,7 @@ impl Counters {
         self.drop_uc_msg += o.drop_uc_msg;
         self.drop_stale_response += o.drop_stale_response;
         self.drop_silent_request += o.drop_silent_request;
+        self.drop_rd_atomic_overflow += o.drop_rd_atomic_overflow;
     }
 
     /// All drops added up.
@@ -234,6 +241,7 @@ impl Counters {
             + self.drop_uc_msg
             + self.drop_stale_response
             + self.drop_silent_request
+            + self.drop_rd_atomic_overflow
     }
 }
 

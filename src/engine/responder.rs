@@ -205,6 +205,14 @@ impl Responder {
         self.out.push_back(Out::Ack { psn, syndrome });
     }
 
+    /// READ replies and atomic ACKs queued (a READ's until its last packet is sent).
+    fn rd_atomic_queued(&self) -> usize {
+        self.out
+            .iter()
+            .filter(|o| matches!(o, Out::Read(_) | Out::AtomicAck { .. }))
+            .count()
+    }
+
     fn remember(&mut self, r: Resource) {
         if self.res.is_empty() {
             self.res.push(None);
@@ -300,6 +308,20 @@ impl Qp {
         let r = f.roce();
         let bth = r.bth();
         let psn = bth.psn();
+        // A READ or atomic beyond the responder's resources (max_dest_rd_atomic replies
+        // still queued) is dropped, new or duplicate: a requester keeps its max_rd_atomic
+        // within the peer's max_dest_rd_atomic (the CM's initiator depth and responder
+        // resources), so only a misconfigured or hostile one gets here, and its retransmission finds
+        // room once the queued replies are out. Without this bound every READ of a flood
+        // would hold a queued reply. (rxe recycles its resource ring instead.)
+        if matches!(
+            r.info().operation,
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) && self.resp.rd_atomic_queued() >= usize::from(self.attr.max_dest_rd_atomic.max(1))
+        {
+            ctx.counters.drop_rd_atomic_overflow += 1;
+            return;
+        }
         // CHK_PSN
         if psn != self.resp.epsn {
             if psn.is_after(self.resp.epsn) {
