@@ -221,8 +221,10 @@ struct PerftestArgs {
 
 #[derive(Args)]
 struct DemoArgs {
-    /// Netdev MTU of the veth pair: 1500 (IB MTU 1024) or 4200 (IB MTU 4096, multi-buffer).
-    #[arg(long, default_value_t = 1500)]
+    /// Netdev MTU of the veth pair: 1500 (IB MTU 1024) or 4200 (IB MTU 4096, multi-buffer);
+    /// 316 (IB MTU 256) to 9000. Checked before anything is created.
+    #[arg(long, default_value_t = 1500,
+        value_parser = clap::value_parser!(u32).range(i64::from(demo::MIN_NETDEV_MTU)..=i64::from(demo::MAX_NETDEV_MTU)))]
     mtu: u32,
     /// Ping-pong round trips.
     #[arg(long, default_value_t = 5000)]

@@ -204,3 +204,38 @@ fn pingpong_without_root_over_the_udp_link() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A bad `--mtu` is refused before anything is created, root or not: by the command's
+/// argument check (exit status 2, the valid range), and by `demo::run` itself.
+#[test]
+fn demo_refuses_a_bad_mtu_before_creating_anything() {
+    for bad in ["7", "315", "9001"] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_roce-xdp"))
+            .args(["demo", "--no-pcap", "--mtu", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("316..=9000"), "{err}");
+    }
+    let o = roce_xdp::apps::demo::Opts {
+        netdev_mtu: 7,
+        pcap: None,
+        ..roce_xdp::apps::demo::Opts::default()
+    };
+    let e = roce_xdp::apps::demo::run(&o, &mut |_| {}).unwrap_err();
+    assert!(e.contains("316 (IB MTU 256) to 9000"), "{e}");
+    let ns = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output();
+    if let Ok(ns) = ns {
+        let me = format!("-{}-", std::process::id());
+        let list = String::from_utf8_lossy(&ns.stdout).to_string();
+        assert!(
+            !list
+                .lines()
+                .any(|l| l.starts_with("roce-demo") && l.contains(&me)),
+            "{list}"
+        );
+    }
+}

@@ -15,6 +15,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// The smallest netdev MTU a RoCEv2 packet of IB MTU 256 fits (IP, UDP, BTH, RETH and
+/// ICRC around 256 bytes: `Mtu::for_netdev_mtu`).
+pub const MIN_NETDEV_MTU: u32 = 316;
+/// The largest the AF_XDP link takes (a 9022-byte frame buffer, Ethernet header included).
+pub const MAX_NETDEV_MTU: u32 = 9000;
+
 /// What the demo runs.
 #[derive(Debug, Clone)]
 pub struct Opts {
@@ -106,6 +112,15 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
     } else {
         crate::netns::available().and_then(|_| crate::host::check_xdp_privileges())
     };
+    // Every option checked before anything is created.
+    let ib_mtu = Mtu::for_netdev_mtu(o.netdev_mtu)
+        .filter(|_| o.netdev_mtu <= MAX_NETDEV_MTU)
+        .ok_or_else(|| {
+            format!(
+                "--mtu {}: the netdev MTU must be {MIN_NETDEV_MTU} (IB MTU 256) to {MAX_NETDEV_MTU}",
+                o.netdev_mtu
+            )
+        })?;
     if o.loss > 0 && xdp.is_err() {
         return Err(format!(
             "--loss needs AF_XDP and network namespaces (nftables drops on a bridge between them): {}",
@@ -175,13 +190,8 @@ pub fn run(o: &Opts, say: &mut dyn FnMut(&str)) -> Result<Summary, String> {
             let b = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
             let mut ca = RuntimeConfig::udp(a);
             let mut cb = RuntimeConfig::udp(b);
-            let m = if o.netdev_mtu >= 4200 {
-                Mtu::Mtu4096
-            } else {
-                Mtu::Mtu1024
-            };
-            ca.port_mtu = Some(m);
-            cb.port_mtu = Some(m);
+            ca.port_mtu = Some(ib_mtu);
+            cb.port_mtu = Some(ib_mtu);
             (ca, cb, a, b)
         }
     };

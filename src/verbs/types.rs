@@ -450,6 +450,9 @@ mod tests {
         assert_eq!(Mtu::for_netdev_mtu(4200), Some(Mtu::Mtu4096));
         assert_eq!(Mtu::for_netdev_mtu(9000), Some(Mtu::Mtu4096));
         assert_eq!(Mtu::for_netdev_mtu(200), None);
+        // demo's MIN_NETDEV_MTU.
+        assert_eq!(Mtu::for_netdev_mtu(316), Some(Mtu::Mtu256));
+        assert_eq!(Mtu::for_netdev_mtu(315), None);
         assert_eq!(Mtu::from_bytes(2048), Some(Mtu::Mtu2048));
         assert_eq!(Mtu::from_bytes(2000), None);
     }
