@@ -230,11 +230,7 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
             d.ipv4 = v4;
             d.ipv6 = v6;
             d.port_mtu = port_mtu;
-            d.seed = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|t| t.as_nanos() as u64)
-                .unwrap_or(1)
-                ^ u64::from(std::process::id());
+            d.seed = random_seed();
             Ok((d, Some(ifname.clone())))
         }
         LinkKind::Udp { local } => {
@@ -248,10 +244,7 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
             }
             d.port_mtu = cfg.port_mtu.unwrap_or(Mtu::Mtu1024);
             d.udp_link = true;
-            d.seed = SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map(|t| t.as_nanos() as u64)
-                .unwrap_or(1);
+            d.seed = random_seed();
             Ok((d, None))
         }
     }
@@ -1016,4 +1009,23 @@ fn write_stats(path: &std::path::Path, s: &Stats) {
     if std::fs::write(&tmp, s.to_json().to_string()).is_ok() {
         let _ = std::fs::rename(&tmp, path);
     }
+}
+
+/// The seed of a real device's engine, from which its R_Key and L_Key bytes and its
+/// starting PSNs are drawn: from the kernel's random source (getrandom(2)), so that a
+/// peer who knows when the process started cannot predict them. Only if that fails, the
+/// time and the process ID.
+fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into the buffer it is given, which
+    // is ours and that long.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        return u64::from_ne_bytes(b);
+    }
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|t| t.as_nanos() as u64)
+        .unwrap_or(1)
+        ^ u64::from(std::process::id())
 }
