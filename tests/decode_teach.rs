@@ -576,3 +576,33 @@ fn a_new_connection_reusing_the_qp_numbers_is_a_flow_of_its_own() {
         (5, 4, 1)
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+
+    /// A damaged capture file (cut anywhere, bytes flipped: headers, block lengths,
+    /// comments, frames) never makes any view of decode, or the HTML page, panic.
+    #[test]
+    fn any_damaged_capture_decodes_without_panic(
+        which in 0usize..3,
+        cut in 0usize..12_000,
+        flips in proptest::collection::vec((0usize..12_000, proptest::prelude::any::<u8>()), 0..12),
+    ) {
+        let name = ["rxe-vm2vm-mtu1024.pcap", "rxe-afxdp-peer.pcap", "roce-xdp-loss.pcapng"][which];
+        let mut b = std::fs::read(data(name)).unwrap();
+        b.truncate(cut.max(1));
+        let n = b.len();
+        for (at, x) in &flips {
+            if let Some(v) = b.get_mut(*at % n) {
+                *v ^= x;
+            }
+        }
+        use roce_xdp::decode::{Mode, html, run_capture};
+        let cap = Capture::from_bytes(name, b);
+        for mode in [Mode::Full, Mode::Hex, Mode::Brief, Mode::Ladder, Mode::Json, Mode::Check] {
+            let _ = run_capture(&cap, mode, None, &mut std::io::sink());
+        }
+        let _ = run_capture(&cap, Mode::Ladder, Some((3, 9)), &mut std::io::sink());
+        let _ = html::page(&cap, name);
+    }
+}

@@ -51,6 +51,24 @@ fn hex(b: &[u8]) -> String {
 /// Writes the report of `input` to `out`; returns the number of frames in the capture.
 pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
     let cap = Capture::open(input)?;
+    let name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let (page, n, failure) = page(&cap, &name)?;
+    std::fs::write(out, page)?;
+    match failure {
+        Some(e) => Err(e.into()),
+        None => Ok(n),
+    }
+}
+
+/// The page for `cap` (titled `name`), its frame count, and the error that ended the
+/// file early, if one did (the page then shows the frames before it).
+pub fn page(
+    cap: &Capture,
+    name: &str,
+) -> Result<(String, usize, Option<crate::capture::CaptureError>), DecodeError> {
     let mut tracker = Tracker::default();
     let mut strings = Strings::default();
     let mut layouts: HashMap<Vec<i64>, usize> = HashMap::new();
@@ -191,7 +209,7 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
     layout_list.sort_by_key(|(_, i)| *i);
     let layout_list: Vec<Vec<i64>> = layout_list.into_iter().map(|(l, _)| l).collect();
     let data = json!({
-        "file": input.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
+        "file": name,
         "total": total,
         "other": other,
         "malformed": malformed,
@@ -204,12 +222,7 @@ pub fn write(input: &Path, out: &Path) -> Result<usize, DecodeError> {
     });
     // Inside <script>, "</" would end the element: JSON allows "<\/" instead.
     let data = data.to_string().replace("</", "<\\/");
-    let page = PAGE.replace("/*DATA*/", &data);
-    std::fs::write(out, page)?;
-    match failure {
-        Some(e) => Err(e.into()),
-        None => Ok(total),
-    }
+    Ok((PAGE.replace("/*DATA*/", &data), total, failure))
 }
 
 const PAGE: &str = include_str!("report.html");

@@ -212,7 +212,6 @@ pub fn short_label(f: &Frame<'_>) -> String {
     s
 }
 
-/// Decodes `path` into `out` in the given mode.
 /// Decodes `path` in `mode`; returns the number of problems `--check` found (0 in the
 /// other modes).
 pub fn run(path: &Path, mode: Mode, out: &mut dyn Write) -> Result<usize, DecodeError> {
@@ -227,7 +226,16 @@ pub fn run_frames(
     frames: Option<(usize, usize)>,
     out: &mut dyn Write,
 ) -> Result<usize, DecodeError> {
-    let cap = Capture::open(path)?;
+    run_capture(&Capture::open(path)?, mode, frames, out)
+}
+
+/// As [`run_frames`], on a capture already in memory (`Capture::from_bytes`).
+pub fn run_capture(
+    cap: &Capture,
+    mode: Mode,
+    frames: Option<(usize, usize)>,
+    out: &mut dyn Write,
+) -> Result<usize, DecodeError> {
     let packets = cap.packets()?;
     let mut tracker = Tracker::default();
     let mut ladder = ladder::Ladder::default();

@@ -1,6 +1,7 @@
 // Shared by tests/wire_props.rs and fuzz/fuzz_targets/wire_parse.rs (included, since
 // they are different crates): exercises every accessor of a parsed frame, its owned
-// representation, re-emission and the CM decoder. Must not panic whatever it holds.
+// representation, re-emission, the CM decoder and decode's field views. Must not panic
+// whatever it holds.
 fn touch(f: &Frame<'_>) {
     let _ = f.verify();
     let _ = f.verify_ip_checksum();
@@ -22,4 +23,18 @@ fn touch(f: &Frame<'_>) {
     }
     let _ = roce_xdp::decode::short_label(f);
     let _ = cm::CmMessage::from_mad(r.payload());
+    // decode's views of it: every byte of the frame belongs to a field, and each field
+    // lies inside the frame (the bytes --hex and --html mark).
+    let fields = roce_xdp::decode::fields::fields(f);
+    let len = f.bytes().len();
+    let mut covered = vec![false; len];
+    for x in &fields {
+        assert!(x.start + x.len <= len, "{x:?} past the frame's {len} bytes");
+        covered[x.start..x.start + x.len].fill(true);
+    }
+    assert!(covered.iter().all(|c| *c), "a byte of the frame is in no field: {fields:?}");
+    let mut out = String::new();
+    roce_xdp::decode::fields::hex_view(&mut out, f);
+    roce_xdp::decode::explain::lower_layers(&mut out, f);
+    roce_xdp::decode::explain::roce_layers(&mut out, f);
 }
