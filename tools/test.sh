@@ -9,3 +9,6 @@ cargo test --all-targets
 # a step whose frames are all dropped must fail and have its frame named.
 tools/rxe-interop --self-test
 tools/rxe-interop
+# Bounded fuzzing of the wire parser, the engine and decode (60 s each, seeded from
+# tests/data); a crash fails the run.
+tools/fuzz-ci 60
