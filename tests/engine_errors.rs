@@ -17,29 +17,14 @@ fn clean() -> LinkConfig {
 
 /// Connected RC pair on a clean link with the pcap tap on.
 fn rc(tweak: impl Fn(&mut QpAttr) + Copy) -> (Sim<Engine, Engine>, Side, Side) {
-    let (mut a, mut b) = pair(Mtu::Mtu1024, 9);
-    let sa = side(&mut a, QpType::Rc, 1 << 20, 1024);
-    let sb = side(&mut b, QpType::Rc, 1 << 20, 1024);
-    connect(
-        &mut a,
-        sa.qpn,
+    let (a, b, sa, sb) = connected_with(
         QpType::Rc,
-        sb.qpn,
-        IP_B,
         Mtu::Mtu1024,
-        1000,
-        2000,
+        1 << 20,
+        1024,
+        (1000, 2000),
+        9,
         tweak,
-    );
-    connect(
-        &mut b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        2000,
-        1000,
         tweak,
     );
     let mut s = sim(a, b, clean(), clean(), 9);

@@ -537,29 +537,14 @@ fn fence_waits_for_the_read_and_max_rd_atomic_is_honoured() {
 
 #[test]
 fn max_rd_atomic_one_serialises_reads() {
-    let (mut a, mut b) = pair(Mtu::Mtu1024, 10);
-    let sa = side(&mut a, QpType::Rc, 1 << 20, 64);
-    let sb = side(&mut b, QpType::Rc, 1 << 20, 64);
-    connect(
-        &mut a,
-        sa.qpn,
+    let (a, b, sa, sb) = connected_with(
         QpType::Rc,
-        sb.qpn,
-        IP_B,
         Mtu::Mtu1024,
-        1,
-        2,
+        1 << 20,
+        64,
+        (1, 2),
+        10,
         |x| x.max_rd_atomic = 1,
-    );
-    connect(
-        &mut b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        2,
-        1,
         |_| {},
     );
     let mut s = sim(a, b, clean(), clean(), 10);
@@ -1002,35 +987,18 @@ fn a_late_post_recv_on_the_errored_qp_keeps_the_replies_before_the_nak() {
 /// answered, byte-exact.
 #[test]
 fn reads_beyond_max_dest_rd_atomic_are_dropped_not_queued() {
-    let (mut a, mut b) = pair(Mtu::Mtu1024, 11);
-    let sa = side(&mut a, QpType::Rc, 4 << 20, 256);
-    let sb = side(&mut b, QpType::Rc, 4 << 20, 256);
-    connect(
-        &mut a,
-        sa.qpn,
+    let (mut a, mut b, sa, sb) = connected_with(
         QpType::Rc,
-        sb.qpn,
-        IP_B,
         Mtu::Mtu1024,
-        1,
-        2,
+        4 << 20,
+        256,
+        (1, 2),
+        11,
         |x| {
             x.max_rd_atomic = 16;
             x.timeout = 10;
         },
-    );
-    connect(
-        &mut b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        2,
-        1,
-        |x| {
-            x.max_dest_rd_atomic = 2;
-        },
+        |x| x.max_dest_rd_atomic = 2,
     );
     // 8 KiB READs: 8 PSNs each, so 16 of them fit the requester's 128-PSN window.
     const SZ: usize = 8192;

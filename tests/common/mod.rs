@@ -158,30 +158,39 @@ pub fn connected(
     psn_b: u32,
     seed: u64,
 ) -> (Engine, Engine, Side, Side) {
-    let (mut a, mut b) = pair(mtu, seed);
-    let sa = side(&mut a, qp_type, size, 1 << 15);
-    let sb = side(&mut b, qp_type, size, 1 << 15);
-    connect(
-        &mut a,
-        sa.qpn,
+    connected_with(
         qp_type,
-        sb.qpn,
-        IP_B,
         mtu,
-        psn_a,
-        psn_b,
+        size,
+        1 << 15,
+        (psn_a, psn_b),
+        seed,
         |_| {},
+        |_| {},
+    )
+}
+
+/// As [`connected`], with CQs of `cq_depth` and each side's attributes tweaked before
+/// its QP is brought up (A's by `tweak_a`, B's by `tweak_b`).
+#[allow(clippy::too_many_arguments)]
+pub fn connected_with(
+    qp_type: QpType,
+    mtu: Mtu,
+    size: usize,
+    cq_depth: usize,
+    (psn_a, psn_b): (u32, u32),
+    seed: u64,
+    tweak_a: impl Fn(&mut QpAttr),
+    tweak_b: impl Fn(&mut QpAttr),
+) -> (Engine, Engine, Side, Side) {
+    let (mut a, mut b) = pair(mtu, seed);
+    let sa = side(&mut a, qp_type, size, cq_depth);
+    let sb = side(&mut b, qp_type, size, cq_depth);
+    connect(
+        &mut a, sa.qpn, qp_type, sb.qpn, IP_B, mtu, psn_a, psn_b, tweak_a,
     );
     connect(
-        &mut b,
-        sb.qpn,
-        qp_type,
-        sa.qpn,
-        IP_A,
-        mtu,
-        psn_b,
-        psn_a,
-        |_| {},
+        &mut b, sb.qpn, qp_type, sa.qpn, IP_A, mtu, psn_b, psn_a, tweak_b,
     );
     (a, b, sa, sb)
 }
