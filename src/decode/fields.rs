@@ -979,13 +979,8 @@ pub fn hex_view(out: &mut String, f: &Frame<'_>) {
         let raw = b
             .get(x.start..(x.start + x.len).min(b.len()))
             .unwrap_or(&[]);
-        let mut hex = super::explain::hex_preview(raw, 16);
-        if raw.len() > 16 {
-            hex = format!(
-                "{} ...",
-                super::explain::hex_preview(&raw[..8], 8).trim_end_matches(" ...")
-            );
-        }
+        // Up to 16 bytes; a longer field (the payload) shows its first 8, then "...".
+        let hex = super::explain::hex_preview(raw, if raw.len() > 16 { 8 } else { 16 });
         let range = if x.len > 1 {
             format!("{:04x}-{:04x}", x.start, x.start + x.len - 1)
         } else {

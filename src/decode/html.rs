@@ -72,6 +72,8 @@ pub fn page(
     let mut tracker = Tracker::default();
     let mut strings = Strings::default();
     let mut layouts: HashMap<Vec<i64>, usize> = HashMap::new();
+    // The opcodes present, for the page's filter.
+    let mut opcodes = std::collections::BTreeSet::new();
     let mut sections: Vec<Section> = Vec::new();
     let mut section_of: HashMap<Section, usize> = HashMap::new();
     let mut transports: Vec<&'static str> = Vec::new();
@@ -106,6 +108,7 @@ pub fn page(
         let seen = Seen::observe(&mut tracker, p, rel, f);
         let (f, obs, icrc_ok) = (&seen.frame, seen.obs, seen.icrc_ok);
         let r = f.roce();
+        opcodes.insert(r.info().code);
         let sec = match obs.flow {
             Some(k) => Section::Flow(k),
             None => Section::Orphan(f.ip().src(), f.ip().dst(), r.bth().dest_qp()),
@@ -198,13 +201,6 @@ pub fn page(
             }),
         })
         .collect();
-    let mut opcodes: Vec<(u8, &'static str)> = Vec::new();
-    for code in 0..=255u8 {
-        let op = crate::wire::Opcode(code);
-        if frames.iter().any(|f| f[6] == json!(code)) {
-            opcodes.push((code, op.name()));
-        }
-    }
     let mut layout_list: Vec<(Vec<i64>, usize)> = layouts.into_iter().collect();
     layout_list.sort_by_key(|(_, i)| *i);
     let layout_list: Vec<Vec<i64>> = layout_list.into_iter().map(|(l, _)| l).collect();
@@ -217,7 +213,10 @@ pub fn page(
         "layouts": layout_list,
         "conns": conns,
         "frames": frames,
-        "opcodes": opcodes.iter().map(|(c, n)| json!([c, n])).collect::<Vec<_>>(),
+        "opcodes": opcodes
+            .iter()
+            .map(|&c| json!([c, crate::wire::Opcode(c).name()]))
+            .collect::<Vec<_>>(),
         "error": failure.as_ref().map(|e| e.to_string()),
     });
     // Inside <script>, "</" would end the element: JSON allows "<\/" instead.
