@@ -43,8 +43,12 @@ impl Qp {
         }
         let r = f.roce();
         let psn = r.bth().psn();
-        // A response must be for a PSN already sent.
-        if psn.forward_from(self.req.comp_psn) >= self.req.inflight().max(1)
+        // A response must be for a PSN already sent and not yet acknowledged (or the
+        // last one acknowledged, a duplicate ACK). With nothing in flight nothing is
+        // answered: a ghost ACK then must not move comp_psn past the PSNs sent, which
+        // would make every later PSN look in flight (IBA 9.7.5.2.1, C9-120: a
+        // response outside the window is dropped).
+        if psn.forward_from(self.req.comp_psn) >= self.req.inflight()
             && !psn.is_before(self.req.comp_psn)
         {
             ctx.counters.drop_stale_response += 1;

@@ -145,6 +145,11 @@ pub enum Error {
     /// PadCnt claims more pad bytes than the packet carries after its headers.
     #[error("PadCnt {pad} larger than the {available} bytes after the headers")]
     PadTooLarge { pad: u8, available: usize },
+    /// Payload and pad do not end on a 4-byte boundary: PadCnt is not the count that
+    /// pads this payload (IBA 9.2: the pad brings the payload to a multiple of 4, and
+    /// every header is a whole number of 4-byte words).
+    #[error("payload of {payload} bytes with PadCnt {pad} does not end on a 4-byte boundary")]
+    Unaligned { payload: usize, pad: u8 },
     /// More than 4096 bytes of payload in one packet.
     #[error("payload of {0} bytes exceeds the 4096-byte maximum")]
     PayloadTooLarge(usize),
@@ -189,6 +194,7 @@ impl Error {
             Error::BadTver(_) => "bad_tver",
             Error::UnknownOpcode(_) => "unknown_opcode",
             Error::PadTooLarge { .. } => "pad_too_large",
+            Error::Unaligned { .. } => "unaligned",
             Error::PayloadTooLarge(_) => "payload_too_large",
             Error::UnexpectedPayload { .. } => "unexpected_payload",
             Error::MissingHeader { .. } => "missing_header",

@@ -34,7 +34,8 @@ pub struct RocePacket<T: AsRef<[u8]>> {
 impl<T: AsRef<[u8]>> RocePacket<T> {
     /// Checks, in this order: BTH present, TVer 0, opcode known, extension headers and
     /// ICRC present, PadCnt not larger than what follows the headers, payload at most
-    /// 4096 bytes, and no payload for opcodes that carry none.
+    /// 4096 bytes, no payload for opcodes that carry none, and payload plus pad a
+    /// multiple of 4 bytes.
     pub fn new_checked(buffer: T) -> Result<RocePacket<T>> {
         let b = buffer.as_ref();
         let bth = BthHeader::new_checked(b)?;
@@ -80,6 +81,9 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
                 opcode: op.0,
                 len: after_headers,
             });
+        }
+        if !after_headers.is_multiple_of(4) {
+            return Err(Error::Unaligned { payload, pad });
         }
         Ok(RocePacket { buffer, info })
     }
@@ -510,6 +514,13 @@ mod tests {
                 pad: 3,
                 available: 2
             }
+        );
+        // SEND ONLY with 5 bytes and no pad: payload and pad off a 4-byte boundary
+        let mut b = [0u8; 21];
+        b[0] = 0x04;
+        assert_eq!(
+            RocePacket::new_checked(&b[..]).unwrap_err(),
+            Error::Unaligned { payload: 5, pad: 0 }
         );
         // READ request with payload
         let mut b = [0u8; 36];

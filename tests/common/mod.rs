@@ -4,6 +4,7 @@
 
 pub mod cabi;
 pub mod decode;
+pub mod hostile;
 pub mod rt;
 pub mod transfer;
 
