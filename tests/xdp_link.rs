@@ -5,6 +5,7 @@
 
 mod common;
 use common::rt::*;
+use roce_xdp::apps::endpoint::Endpoint;
 use roce_xdp::apps::progress::Progress;
 use roce_xdp::apps::workload;
 use roce_xdp::netns::{Bridged, Pair};
@@ -691,4 +692,100 @@ fn demo_with_loss_captures_naks_and_retransmissions() {
         "{sum}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_link_flap_is_counted_outlasted_by_a_patient_qp_and_reported_by_an_impatient_one() {
+    if !need_root() {
+        return;
+    }
+    let pair = Pair::new("rxf", 8, 1500).unwrap();
+    // Impatient: timeout 12 (about 17 ms, 8 tries: about 0.13 s without progress).
+    let (a, b) = xdp_ends(&pair, QpType::Rc, 8 << 20, |_| {});
+    // Patient, on the same devices: timeout 18 (about 1.07 s, 8 tries: about 8.6 s).
+    let a2 = end(a.dev.clone(), QpType::Rc, 8 << 20);
+    let b2 = end(b.dev.clone(), QpType::Rc, 8 << 20);
+    join(&a2, IpAddr::V4(pair.ip_a), &b2, IpAddr::V4(pair.ip_b), 18);
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 249) as u8).collect();
+    for e in [&a, &a2] {
+        e.mem.write(0, &data).unwrap();
+    }
+    let post = |e: &Endpoint, peer: &Endpoint, i: u64| {
+        let off = i as usize * 65536;
+        e.qp.post_send(&SendWr::write(
+            i,
+            &[e.sge(off, 65536)],
+            peer.mr.addr + off as u64,
+            peer.mr.rkey,
+        ))
+        .unwrap();
+    };
+    for i in 0..100 {
+        post(&a, &b, i);
+        post(&a2, &b2, i);
+    }
+    // Down once the transfers are under way; more WRs posted while it is down.
+    a.next_ok(Duration::from_secs(10)).unwrap();
+    a2.next_ok(Duration::from_secs(10)).unwrap();
+    let ifname = pair.ifname.as_str();
+    pair.a
+        .exec(&["ip", "link", "set", "dev", ifname, "down"])
+        .unwrap();
+    for i in 100..110 {
+        post(&a, &b, i);
+        post(&a2, &b2, i);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    pair.a
+        .exec(&["ip", "link", "set", "dev", ifname, "up"])
+        .unwrap();
+
+    // The patient QP finishes every WR, byte-exact.
+    let wcs: Vec<Wc> = (1..110)
+        .map(|_| a2.next_ok(Duration::from_secs(20)).unwrap())
+        .collect();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    let n = 110 * 65536;
+    assert!(
+        b2.mem.to_vec(0, n).unwrap() == data[..n],
+        "the patient QP's data differs"
+    );
+    // The impatient one ran out of retries: one RETRY_EXC_ERR, the rest flushed, each
+    // WR completed exactly once; nothing hangs.
+    let mut rest = Vec::new();
+    while rest.len() < 109 {
+        rest.push(a.next_wc(Duration::from_secs(20)).unwrap());
+    }
+    let mut ids: Vec<u64> = rest.iter().map(|w| w.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, (1..110).collect::<Vec<_>>(), "each WR exactly once");
+    let failed: Vec<_> = rest
+        .iter()
+        .filter(|w| w.status != WcStatus::Success)
+        .collect();
+    assert_eq!(failed[0].status, WcStatus::RetryExcErr, "{failed:?}");
+    assert!(failed[1..].iter().all(|w| w.status == WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    // Both ports saw it go down (B's veth lost its carrier).
+    let (ca, cb) = (a.dev.counters().unwrap(), b.dev.counters().unwrap());
+    println!(
+        "link_downed A {} B {}; A: {} timeouts, {} packets retransmitted",
+        ca.link_downed, cb.link_downed, ca.timeouts, ca.retransmitted_pkts
+    );
+    assert_eq!((ca.link_downed, cb.link_downed), (1, 1));
+    // The port came back: a new connection works at once.
+    let a3 = end(a.dev.clone(), QpType::Rc, 1 << 20);
+    let b3 = end(b.dev.clone(), QpType::Rc, 1 << 20);
+    join(&a3, IpAddr::V4(pair.ip_a), &b3, IpAddr::V4(pair.ip_b), 14);
+    a3.mem.write(0, &data[..4096]).unwrap();
+    a3.qp
+        .post_send(&SendWr::write(
+            1,
+            &[a3.sge(0, 4096)],
+            b3.mr.addr,
+            b3.mr.rkey,
+        ))
+        .unwrap();
+    wait_ok(&a3, 1, 10);
+    assert_eq!(b3.mem.to_vec(0, 4096).unwrap(), data[..4096]);
 }

@@ -1,5 +1,10 @@
 //! Counters, named like rxe's `hw_counters` (`rxe_hw_counters.c`) so that the names
 //! users grep for mean the same thing here, plus drops by reason.
+//!
+//! rxe's `ack_deferred` is not kept: it counted rxe's completer being queued to a task
+//! instead of run at once (RXE_CNT_COMPLETER_SCHED; rxe's "always defer tasks" patches
+//! drop it). roce-xdp's completer handles every response as it arrives, so the counter
+//! could never move.
 
 /// Every counter the engine keeps.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -19,8 +24,6 @@ pub struct Counters {
     pub send_rnr_err: u64,
     /// Requester: PSN sequence error NAKs received.
     pub rcvd_seq_err: u64,
-    /// Requester: a response arrived while others waited to be processed.
-    pub ack_deferred: u64,
     /// Requester: retries exhausted (RETRY_EXC_ERR).
     pub retry_exceeded_err: u64,
     /// Requester: RNR retries exhausted (RNR_RETRY_EXC_ERR).
@@ -29,6 +32,7 @@ pub struct Counters {
     pub completer_retry_err: u64,
     /// Frames that could not be built or handed to the link.
     pub send_err: u64,
+    /// Times the port's interface lost its carrier or went down.
     pub link_downed: u64,
     /// Send WQEs of SEND opcodes completed (any status).
     pub rdma_sends: u64,
@@ -84,7 +88,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, rxe's first.
-    pub fn named(&self) -> [(&'static str, u64); 39] {
+    pub fn named(&self) -> [(&'static str, u64); 38] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -93,7 +97,6 @@ impl Counters {
             ("rcvd_rnr_err", self.rcvd_rnr_err),
             ("send_rnr_err", self.send_rnr_err),
             ("rcvd_seq_err", self.rcvd_seq_err),
-            ("ack_deferred", self.ack_deferred),
             ("retry_exceeded_err", self.retry_exceeded_err),
             ("retry_rnr_exceeded_err", self.retry_rnr_exceeded_err),
             ("completer_retry_err", self.completer_retry_err),
@@ -141,7 +144,6 @@ impl Counters {
             "rcvd_rnr_err" => "requester: RNR NAKs received (the peer had no receive posted)",
             "send_rnr_err" => "responder: RNR NAKs sent (no receive posted here)",
             "rcvd_seq_err" => "requester: PSN sequence error NAKs received",
-            "ack_deferred" => "requester: responses that waited behind others",
             "retry_exceeded_err" => "requester: QPs that ran out of retries (RETRY_EXC_ERR)",
             "retry_rnr_exceeded_err" => "requester: QPs that ran out of RNR retries",
             "completer_retry_err" => {
@@ -190,7 +192,6 @@ impl Counters {
         self.rcvd_rnr_err += o.rcvd_rnr_err;
         self.send_rnr_err += o.send_rnr_err;
         self.rcvd_seq_err += o.rcvd_seq_err;
-        self.ack_deferred += o.ack_deferred;
         self.retry_exceeded_err += o.retry_exceeded_err;
         self.retry_rnr_exceeded_err += o.retry_rnr_exceeded_err;
         self.completer_retry_err += o.completer_retry_err;

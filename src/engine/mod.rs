@@ -267,6 +267,14 @@ impl Engine {
         &self.ctx.counters
     }
 
+    /// The link went down (the runtime watches the port's interface): counted as rxe
+    /// counts its netdev going down (`link_downed`, in rxe_port_down). QPs are left as
+    /// they are: as on a NIC, their retransmit timers decide whether they outlast the
+    /// outage or end with RETRY_EXC_ERR.
+    pub fn link_down(&mut self) {
+        self.ctx.counters.link_downed += 1;
+    }
+
     /// The next asynchronous event (`ibv_get_async_event`, and CQ notifications).
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.ctx.events.pop_front()

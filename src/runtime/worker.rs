@@ -662,7 +662,9 @@ fn shard_loop(
             last_pub = Instant::now();
             if me == 0 && last_port.elapsed() > PORT_WATCH {
                 last_port = Instant::now();
-                watch_port(cfg.port_ifname.as_deref(), &set.port_up, &events);
+                if watch_port(cfg.port_ifname.as_deref(), &set.port_up, &events) == Some(false) {
+                    l.engine.link_down();
+                }
             }
             let s = Stats {
                 counters: *l.engine.counters(),
@@ -928,21 +930,22 @@ pub(crate) fn replay_held(l: &mut Locals, qpn: u32) {
 const PORT_WATCH: Duration = Duration::from_millis(500);
 
 /// Follows the port's interface: up with a carrier is ACTIVE; a change raises
-/// PORT_ACTIVE or PORT_ERR, as rxe reports its netdev's events.
-fn watch_port(ifname: Option<&str>, up: &AtomicBool, events: &EventSink) {
-    let Some(name) = ifname else {
-        return;
-    };
+/// PORT_ACTIVE or PORT_ERR, as rxe reports its netdev's events. Returns the new state
+/// when it changed.
+fn watch_port(ifname: Option<&str>, up: &AtomicBool, events: &EventSink) -> Option<bool> {
+    let name = ifname?;
     let now = crate::host::Interface::find(name)
         .and_then(|i| i.is_running())
         .unwrap_or(false);
-    if up.swap(now, Ordering::SeqCst) != now {
-        events.send(if now {
-            AsyncEvent::PortActive
-        } else {
-            AsyncEvent::PortErr
-        });
+    if up.swap(now, Ordering::SeqCst) == now {
+        return None;
     }
+    events.send(if now {
+        AsyncEvent::PortActive
+    } else {
+        AsyncEvent::PortErr
+    });
+    Some(now)
 }
 
 fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
