@@ -789,3 +789,175 @@ fn a_link_flap_is_counted_outlasted_by_a_patient_qp_and_reported_by_an_impatient
     wait_ok(&a3, 1, 10);
     assert_eq!(b3.mem.to_vec(0, 4096).unwrap(), data[..4096]);
 }
+
+/// The peer of `a_killed_peer_...`: run as a child process of that test (this test
+/// binary again, with ROCE_PEER_HELPER="netns,ifname,peer-ip"). It opens an AF_XDP
+/// device, prints its QP and memory key, connects to the QP read from stdin and then
+/// serves until killed (or 60 s pass). Without the variable it does nothing.
+#[test]
+fn peer_helper() {
+    let Ok(spec) = std::env::var("ROCE_PEER_HELPER") else {
+        return;
+    };
+    use roce_xdp::apps::endpoint::ConnectOpts;
+    use roce_xdp::apps::exchange::{pp_decode, pp_encode};
+    use roce_xdp::runtime::{Device, RuntimeConfig};
+    let v: Vec<&str> = spec.split(',').collect();
+    let mut c = RuntimeConfig::xdp(v[1]);
+    c.netns = Some(v[0].to_string());
+    let e = end(Device::open(c).unwrap(), QpType::Rc, 1 << 20);
+    let peer: IpAddr = v[2].parse().unwrap();
+    let me = pp_encode(&e.local(0x200, peer));
+    let me = String::from_utf8_lossy(&me)
+        .trim_end_matches('\0')
+        .to_string();
+    println!("PEER {me} {:x} {:x}", e.mr.rkey, e.mr.addr);
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let (_, remote) = pp_decode(line.trim().as_bytes()).unwrap();
+    let mtu = e.dev.info().port_mtu;
+    e.connect(&remote, &ConnectOpts::new(mtu, 0x200)).unwrap();
+    println!("CONNECTED");
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Starts `peer_helper` in `ns`; returns it with its QP, R_Key and address.
+fn spawn_peer(
+    ns: &str,
+    ifname: &str,
+    me: IpAddr,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+    u32,
+    u64,
+) {
+    use std::io::BufRead;
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "peer_helper",
+        "--exact",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env("ROCE_PEER_HELPER", format!("{ns},{ifname},{me}"))
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the peer exited");
+        // The harness prints "test peer_helper ... " before the helper's own lines.
+        if let Some(at) = line.find("PEER ") {
+            let rest = line[at + 5..].trim();
+            let f: Vec<&str> = rest.split(' ').collect();
+            let rkey = u32::from_str_radix(f[1], 16).unwrap();
+            let addr = u64::from_str_radix(f[2], 16).unwrap();
+            return (child, out, f[0].to_string(), rkey, addr);
+        }
+    }
+}
+
+#[test]
+fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
+    if !need_root() {
+        return;
+    }
+    use roce_xdp::apps::endpoint::ConnectOpts;
+    use roce_xdp::apps::exchange::{pp_decode, pp_encode};
+    use roce_xdp::runtime::{Device, RuntimeConfig};
+    use std::io::BufRead;
+    let pair = Pair::new("rxk", 9, 1500).unwrap();
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let mut c = RuntimeConfig::xdp(&pair.ifname);
+    c.netns = Some(pair.a.name.clone());
+    let dev = Device::open(c).unwrap();
+    let mtu = dev.info().port_mtu;
+    // Connects a fresh local QP to a fresh peer process: timeout 12 (about 17 ms per
+    // try, 8 tries).
+    let connect = || {
+        let (mut child, mut out, msg, rkey, addr) = spawn_peer(&pair.b.name, &pair.ifname, ip_a);
+        let a = end(dev.clone(), QpType::Rc, 1 << 20);
+        let (_, remote) = pp_decode(msg.as_bytes()).unwrap();
+        let mut o = ConnectOpts::new(mtu, 0x100);
+        o.timeout = 12;
+        a.connect(&remote, &o).unwrap();
+        let me = pp_encode(&a.local(0x100, ip_b));
+        let me = String::from_utf8_lossy(&me)
+            .trim_end_matches('\0')
+            .to_string();
+        writeln!(child.stdin.as_mut().unwrap(), "{me}").unwrap();
+        let mut line = String::new();
+        while !line.contains("CONNECTED") {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "the peer exited");
+        }
+        (child, a, rkey, addr)
+    };
+    let (mut child, a, rkey, addr) = connect();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 241) as u8).collect();
+    a.mem.write(0, &data).unwrap();
+    for i in 0..64u64 {
+        let off = (i as usize % 16) * 65536;
+        a.qp.post_send(&SendWr::write(
+            i,
+            &[a.sge(off, 65536)],
+            addr + off as u64,
+            rkey,
+        ))
+        .unwrap();
+    }
+    a.next_ok(Duration::from_secs(10)).unwrap();
+    child.kill().unwrap(); // SIGKILL: no clean-up of its own runs
+    child.wait().unwrap();
+    let killed = std::time::Instant::now();
+    let mut wcs = Vec::new();
+    while wcs.len() < 63 {
+        wcs.push(a.next_wc(Duration::from_secs(10)).unwrap());
+    }
+    let first_err = wcs
+        .iter()
+        .position(|w| w.status != WcStatus::Success)
+        .expect("every WR succeeded after the peer was killed");
+    assert_eq!(wcs[first_err].status, WcStatus::RetryExcErr, "{wcs:?}");
+    assert!(
+        wcs[first_err + 1..]
+            .iter()
+            .all(|w| w.status == WcStatus::WrFlushErr)
+    );
+    let took = killed.elapsed();
+    println!(
+        "RETRY_EXC_ERR {:.0} ms after SIGKILL ({} WRs had completed)",
+        took.as_secs_f64() * 1e3,
+        first_err + 1
+    );
+    // 8 tries of about 17 ms: well under a second, even on a loaded machine.
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // The kernel detached the killed process's XDP program (a BPF link) and freed its
+    // UMEM: nothing is left on the interface, and a new engine opens there at once.
+    let o = pair
+        .b
+        .exec(&["ip", "-details", "link", "show", "dev", &pair.ifname])
+        .unwrap();
+    let shown = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(
+        !shown.contains("prog/xdp"),
+        "an XDP program stayed: {shown}"
+    );
+    let (mut child, a2, rkey, addr) = connect();
+    a2.mem.write(0, &data[..8192]).unwrap();
+    a2.qp
+        .post_send(&SendWr::write(1, &[a2.sge(0, 8192)], addr, rkey))
+        .unwrap();
+    a2.qp
+        .post_send(&SendWr::read(2, &[a2.sge(65536, 8192)], addr, rkey))
+        .unwrap();
+    wait_ok(&a2, 2, 10);
+    assert_eq!(a2.mem.to_vec(65536, 8192).unwrap(), data[..8192]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
