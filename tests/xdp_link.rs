@@ -961,3 +961,55 @@ fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn a_umem_too_small_for_the_load_slows_the_transfer_and_never_breaks_it() {
+    if !need_root() {
+        return;
+    }
+    use roce_xdp::runtime::LinkKind;
+    let pair = Pair::new("rxu", 10, 1500).unwrap();
+    // 64 UMEM frames per queue: 32 for receiving, 32 for sending, against a workload
+    // that keeps hundreds of packets in flight.
+    let (a, b) = xdp_ends(&pair, QpType::Rc, MIXED_MEM, |c| {
+        if let LinkKind::Xdp { cfg, .. } = &mut c.link {
+            cfg.frames = 64;
+            cfg.batch = 16;
+        }
+    });
+    let m = workload::mixed(&a, &b, 16 << 20, 1 << 20, 0x77, &mut Progress::hidden())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    println!(
+        "{:.1} MiB byte-exact, {:.2} Gbit/s; waits for a UMEM frame to send: A {}, B {}; \
+         frames the kernel dropped for want of one: A {}, B {}; retransmitted: A {}, B {}",
+        m.report.bytes as f64 / 1048576.0,
+        m.report.gbps(),
+        sa.tx_waits,
+        sb.tx_waits,
+        sa.rx_no_room,
+        sb.rx_no_room,
+        sa.counters.retransmitted_pkts,
+        sb.counters.retransmitted_pkts,
+    );
+    assert!(m.report.bytes >= 16 << 20);
+    let ran_out = sa.tx_waits + sb.tx_waits + sa.rx_no_room + sb.rx_no_room;
+    assert!(
+        ran_out > 0,
+        "the UMEM never ran out: the test tests nothing"
+    );
+    // The waits are reported where users look.
+    let shown = roce_xdp::apps::stats::render(
+        &roce_xdp::apps::stats::Published {
+            path: "test".into(),
+            running: true,
+            json: sa.to_json(),
+        },
+        false,
+    );
+    assert!(
+        (shown.contains("tx_waits") || sa.tx_waits == 0)
+            && (shown.contains("rx_no_room") || sa.rx_no_room == 0),
+        "{shown}"
+    );
+}

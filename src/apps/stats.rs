@@ -109,6 +109,21 @@ pub fn render(p: &Published, all: bool) -> String {
             u["ipv4_ids_solved"]
         ));
     }
+    for (name, help) in [
+        (
+            "tx_waits",
+            "AF_XDP: transmissions that waited for a free UMEM frame or TX ring slot",
+        ),
+        (
+            "rx_no_room",
+            "AF_XDP: frames the kernel dropped: no free UMEM frame or RX ring slot",
+        ),
+    ] {
+        let v = j[name].as_u64().unwrap_or(0);
+        if v != 0 || all {
+            s.push_str(&format!("  {name:<24} {v:>12}  {help}\n"));
+        }
+    }
     if let Some(x) = j["xdp"].as_object() {
         s.push_str(&format!(
             "  XDP program: seen {}, redirected to AF_XDP {}, passed to the kernel {}, dropped {}\n",

@@ -272,6 +272,17 @@ impl XdpLink {
         self.prog.as_ref().map(|p| p.stats())
     }
 
+    /// Frames the kernel dropped on their way into this link's sockets because there
+    /// was no room: no free UMEM frame in the fill ring, or a full RX ring (the engine
+    /// did not keep up). The sockets' XDP_STATISTICS; the peer retransmits them.
+    pub fn rx_no_room(&self) -> u64 {
+        self.queues
+            .iter()
+            .filter_map(|q| q.rx.fd().xdp_statistics().ok())
+            .map(|s| s.rx_dropped() + s.rx_ring_full())
+            .sum()
+    }
+
     /// How many RX queues (sockets) the link has.
     pub fn queue_count(&self) -> usize {
         self.queues.len()

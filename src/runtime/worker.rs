@@ -69,6 +69,13 @@ pub struct Stats {
     pub forward_dropped: u64,
     /// UDP link: received IPv4 frames whose unseen ID was solved from the ICRC.
     pub udp_ipv4_ids_solved: Option<u64>,
+    /// AF_XDP: times a transmission found no free UMEM frame or TX ring slot. The
+    /// frame then waits in the engine (backpressure), so a full UMEM slows the engine
+    /// down and never loses or corrupts a frame.
+    pub tx_waits: u64,
+    /// AF_XDP: frames the kernel dropped before the engine saw them for want of a free
+    /// UMEM frame or RX ring slot (the peer's retransmissions recover them).
+    pub rx_no_room: u64,
 }
 
 impl Stats {
@@ -82,6 +89,8 @@ impl Stats {
             t.qps += s.qps;
             t.forwarded += s.forwarded;
             t.forward_dropped += s.forward_dropped;
+            t.tx_waits += s.tx_waits;
+            t.rx_no_room += s.rx_no_room;
             if k == 0 {
                 t.xdp = s.xdp;
                 t.udp_ipv4_ids_solved = s.udp_ipv4_ids_solved;
@@ -109,6 +118,8 @@ impl Stats {
         m.insert("qps".into(), self.qps.into());
         m.insert("forwarded".into(), self.forwarded.into());
         m.insert("forward_dropped".into(), self.forward_dropped.into());
+        m.insert("tx_waits".into(), self.tx_waits.into());
+        m.insert("rx_no_room".into(), self.rx_no_room.into());
         m.insert("uptime_s".into(), self.uptime.as_secs_f64().into());
         let mut c = serde_json::Map::new();
         for (n, v) in self.counters.named() {
@@ -151,6 +162,18 @@ impl AnyLink {
         match self {
             AnyLink::Xdp(l) => l.xdp_stats(),
             AnyLink::Udp(_) => None,
+        }
+    }
+    fn tx_waits(&self) -> u64 {
+        match self {
+            AnyLink::Xdp(l) => l.stats.tx_ring_full,
+            AnyLink::Udp(_) => 0,
+        }
+    }
+    fn rx_no_room(&self) -> u64 {
+        match self {
+            AnyLink::Xdp(l) => l.rx_no_room(),
+            AnyLink::Udp(_) => 0,
         }
     }
     fn udp_ipv4_ids_solved(&self) -> Option<u64> {
@@ -677,6 +700,8 @@ fn shard_loop(
                 final_report: false,
                 forwarded,
                 forward_dropped: fwd_dropped,
+                tx_waits: link.tx_waits(),
+                rx_no_room: link.rx_no_room(),
             };
             *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
             if me == 0
@@ -753,6 +778,8 @@ fn shard_loop(
         final_report: true,
         forwarded,
         forward_dropped: fwd_dropped,
+        tx_waits: link.tx_waits(),
+        rx_no_room: link.rx_no_room(),
     };
     // Shard 0 stops the others (their counters are then final too), then reports.
     for k in 1..n {
