@@ -827,7 +827,7 @@ fn spawn_peer(
     ifname: &str,
     me: IpAddr,
 ) -> (
-    std::process::Child,
+    Child,
     std::io::BufReader<std::process::ChildStdout>,
     String,
     u32,
@@ -843,10 +843,10 @@ fn spawn_peer(
         "1",
     ])
     .env("ROCE_PEER_HELPER", format!("{ns},{ifname},{me}"))
-    .stdin(std::process::Stdio::piped())
-    .stdout(std::process::Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    .stdin(std::process::Stdio::piped());
+    // Killed (SIGKILL) and reaped when dropped, on every path.
+    let mut child = Child::spawn(c);
+    let mut out = std::io::BufReader::new(child.0.as_mut().unwrap().stdout.take().unwrap());
     let mut line = String::new();
     loop {
         line.clear();
@@ -890,7 +890,8 @@ fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
         let me = String::from_utf8_lossy(&me)
             .trim_end_matches('\0')
             .to_string();
-        writeln!(child.stdin.as_mut().unwrap(), "{me}").unwrap();
+        let stdin = child.0.as_mut().unwrap().stdin.as_mut().unwrap();
+        writeln!(stdin, "{me}").unwrap();
         let mut line = String::new();
         while !line.contains("CONNECTED") {
             line.clear();
@@ -912,8 +913,7 @@ fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
         .unwrap();
     }
     a.next_ok(Duration::from_secs(10)).unwrap();
-    child.kill().unwrap(); // SIGKILL: no clean-up of its own runs
-    child.wait().unwrap();
+    child.kill(); // SIGKILL: no clean-up of its own runs
     let killed = std::time::Instant::now();
     let mut wcs = Vec::new();
     while wcs.len() < 63 {
@@ -958,8 +958,7 @@ fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
         .unwrap();
     wait_ok(&a2, 2, 10);
     assert_eq!(a2.mem.to_vec(65536, 8192).unwrap(), data[..8192]);
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
 }
 
 #[test]

@@ -136,6 +136,16 @@ impl Child {
     }
 }
 
+impl Child {
+    /// Sends SIGKILL (no clean-up of the child's own runs) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 impl Drop for Child {
     fn drop(&mut self) {
         if let Some(c) = self.0.as_mut() {
