@@ -1019,8 +1019,8 @@ impl Engine {
     }
 
     /// The receive path. Checks, in order: Ethernet/IP/UDP/BTH structure (the wire
-    /// layer), destination MAC and IP ours, IPv4/UDP checksums and ICRC, P_Key, the QP
-    /// exists, its type matches the opcode's transport, and a connected QP's path matches
+    /// layer), destination MAC and IP ours, P_Key, the QP exists, IPv4/UDP checksums and
+    /// ICRC, its type matches the opcode's transport, and a connected QP's path matches
     /// the packet's addresses. Then requests go to the responder, responses to the
     /// completer. Every drop is counted by reason.
     pub fn handle_frame(&mut self, now: Time, frame: &[u8]) {
@@ -1042,6 +1042,22 @@ impl Engine {
             c.drop_not_for_us += 1;
             return;
         }
+        // The cheap checks first: P_Key and destination QP are header fields, the ICRC
+        // a pass over the whole frame. A flood aimed at QPs that do not exist (or at
+        // another partition) costs a lookup per frame, not a CRC (a corrupted QPN is
+        // then counted as an unknown QP rather than a bad ICRC).
+        let r = f.roce();
+        let bth = r.bth();
+        // Only the default partition exists: accept 0xffff and 0x7fff.
+        if bth.pkey() & 0x7fff != 0x7fff {
+            c.drop_bad_pkey += 1;
+            return;
+        }
+        let qpn = bth.dest_qp();
+        if qpn != cm::GSI_QPN && !self.qps.contains_key(&qpn) {
+            c.drop_unknown_qp += 1;
+            return;
+        }
         match f.verify() {
             Ok(()) => {}
             Err(crate::wire::Error::BadIcrc { .. }) => {
@@ -1054,20 +1070,11 @@ impl Engine {
             }
         }
         c.rcvd_pkts += 1;
-        let r = f.roce();
-        let bth = r.bth();
-        // Only the default partition exists: accept 0xffff and 0x7fff.
-        if bth.pkey() & 0x7fff != 0x7fff {
-            c.drop_bad_pkey += 1;
-            return;
-        }
-        let qpn = bth.dest_qp();
         if qpn == cm::GSI_QPN {
             self.cm.handle_frame(&mut self.ctx, now, &f);
             return;
         }
         let Some(qp) = self.qps.get_mut(&qpn) else {
-            c.drop_unknown_qp += 1;
             return;
         };
         let info = r.info();
