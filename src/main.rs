@@ -73,12 +73,45 @@ enum Cmd {
     /// Run an unmodified verbs program (rdma-core's tools, perftest, your own) on
     /// roce-xdp: `roce-xdp run -- ibv_devinfo -v`.
     Run(RunArgs),
+    /// Benchmarks in their own network namespaces, figures side by side with their
+    /// ratios: `bench flood` (goodput while a third host floods engine B).
+    Bench {
+        #[command(subcommand)]
+        cmd: BenchCmd,
+    },
     /// roce-xdp's RDMA devices, as `rdma link` shows and adds rxe's: `link show`,
     /// `link add NAME netdev IF`, `link delete NAME`.
     Link {
         #[command(subcommand)]
         cmd: Option<LinkCmd>,
     },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// A third host sends frames at engine B (half to QPs that do not exist, half to
+    /// B's QP with a bad ICRC) while A writes to B: flooded against clean goodput,
+    /// interleaved, every flood frame's drop counted, every byte compared (root).
+    Flood(FloodArgs),
+}
+
+#[derive(Args)]
+struct FloodArgs {
+    /// Flood frames per repetition.
+    #[arg(long, default_value_t = 1_000_000)]
+    frames: u64,
+    /// Repetitions (each a flooded run and a clean run as long).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// WRITE message size in bytes.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    size: usize,
+    /// 100000 frames, one repetition (for CI: seconds, not minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -427,6 +460,42 @@ fn main() -> ExitCode {
         Cmd::Perftest(a) => run_perftest(a),
         Cmd::Run(a) => run_program(a, cli.verbose),
         Cmd::Link { cmd } => run_link(cmd.unwrap_or(LinkCmd::Show { name: None })),
+        Cmd::Bench { cmd } => run_bench(cmd),
+    }
+}
+
+fn run_bench(cmd: BenchCmd) -> ExitCode {
+    apps::catch_interrupts();
+    match cmd {
+        BenchCmd::Flood(a) => {
+            let mut o = apps::bench::FloodOpts {
+                frames: a.frames,
+                reps: a.reps,
+                size: a.size,
+            };
+            if a.quick {
+                o.frames = o.frames.min(100_000);
+                o.reps = 1;
+            }
+            let json = a.json;
+            let r = apps::bench::flood(&o, &mut |l| {
+                if !json {
+                    println!("{l}");
+                }
+            });
+            match r {
+                Ok(r) if json => {
+                    println!("{}", r.to_json());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    println!();
+                    print!("{}", r.table());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => failed("bench flood", &e),
+            }
+        }
     }
 }
 

@@ -204,3 +204,43 @@ fn hostile_frames_from_a_raw_socket_over_af_xdp() {
         "B's memory changed"
     );
 }
+
+/// `bench flood --quick`: the report is well formed and accounts for the flood. (A
+/// benchmark: its figures are printed, not judged, here.)
+#[test]
+fn bench_flood_accounts_for_every_flood_frame() {
+    if !need_root() {
+        return;
+    }
+    let out = std::process::Command::new(bin())
+        .args(["bench", "flood", "--quick", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let reps = j["reps"].as_array().unwrap();
+    assert_eq!(reps.len(), 1);
+    let sent = j["flood_frames"].as_u64().unwrap();
+    assert_eq!(sent, 100_000);
+    assert_eq!(reps[0]["flood_frames"].as_u64(), Some(sent));
+    for k in ["flooded_gbps", "clean_gbps", "ratio", "flood_secs"] {
+        assert!(reps[0][k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    // Half the flood went to unknown QPs, half had a bad ICRC: each counted under its
+    // reason (a few may be lost on the bridge, none counted twice).
+    let (u, i, r) = (
+        j["dropped_unknown_qp"].as_u64().unwrap(),
+        j["dropped_bad_icrc"].as_u64().unwrap(),
+        j["rx_no_room"].as_u64().unwrap(),
+    );
+    assert!(u <= sent / 2 && i <= sent / 2, "{u} {i}");
+    assert!(u + i + r >= sent * 95 / 100, "{u} + {i} + {r} of {sent}");
+    assert!(j["bytes_checked"].as_u64().unwrap() > 0);
+    assert!(j["rss_kib_end"].as_u64().unwrap() > 0);
+}

@@ -2,6 +2,7 @@
 //! CQ and one memory region), workloads that check every byte they move, and the
 //! commands `demo`, `pingpong`, `stats` and `run`.
 
+pub mod bench;
 pub mod demo;
 pub mod endpoint;
 pub mod exchange;

@@ -188,6 +188,22 @@ pub fn stream(
     depth: usize,
     prog: &mut Progress,
 ) -> Result<Report, String> {
+    let n = total.div_ceil(size as u64);
+    stream_while(a, b, op, size, depth, prog, |posted| posted < n)
+}
+
+/// As [`stream`], posting messages while `more(messages posted so far)` holds (a
+/// stream that lasts as long as something else does); every posted message completes
+/// before it returns.
+pub fn stream_while(
+    a: &Endpoint,
+    b: &Endpoint,
+    op: Stream,
+    size: usize,
+    depth: usize,
+    prog: &mut Progress,
+    mut more: impl FnMut(u64) -> bool,
+) -> Result<Report, String> {
     let slots = depth.min(a.mem.len() / size).min(b.mem.len() / size).max(1);
     let (src, dst) = match op {
         Stream::Write => (a, b),
@@ -196,11 +212,15 @@ pub fn stream(
     let data = pattern(0x57ea + op as u64, size * slots);
     src.mem.write(0, &data).map_err(mem_err)?;
     dst.mem.fill(0, size * slots, 0).map_err(mem_err)?;
-    let n = total.div_ceil(size as u64);
     let (mut posted, mut done) = (0u64, 0u64);
+    let mut open = true;
     let start = Instant::now();
-    while done < n {
-        while posted < n && posted - done < slots as u64 {
+    loop {
+        while open && posted - done < slots as u64 {
+            if !more(posted) {
+                open = false;
+                break;
+            }
             let slot = (posted % slots as u64) as usize;
             let off = slot * size;
             let wr = match op {
@@ -220,20 +240,25 @@ pub fn stream(
             a.qp.post_send(&wr).map_err(|e| e.to_string())?;
             posted += 1;
         }
+        if done == posted {
+            break;
+        }
         a.next_ok(STALL)?;
         done += 1;
         prog.set(done * size as u64);
     }
     let elapsed = start.elapsed();
     prog.finish();
+    // Slots used at least once (all of them unless the stream was short).
+    let written = done.min(slots as u64) as usize * size;
     check(
         "stream destination",
-        dst.mem.to_vec(0, size * slots).map_err(mem_err)?,
-        &data,
+        dst.mem.to_vec(0, written).map_err(mem_err)?,
+        &data[..written],
     )?;
     Ok(Report {
-        ops: n,
-        bytes: n * size as u64,
+        ops: done,
+        bytes: done * size as u64,
         elapsed,
         rtt_ns: Vec::new(),
     })

@@ -1,0 +1,449 @@
+//! `roce-xdp bench`: benchmarks that set up their own namespaces and print figures
+//! measured side by side in one run, interleaved, with their ratios (absolute figures
+//! drift between runs and machines; ratios in one run are what count).
+//!
+//! `bench flood`: a third host on the segment sends frames at engine B, half to QPs that
+//! do not exist and half to B's real QP with a bad ICRC, while A writes to B. What it
+//! shows: how much of the clean goodput B keeps under the flood, that every flood frame
+//! is dropped under its reason, that the transfer stays byte-exact, and that B's memory
+//! does not grow.
+
+use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
+use super::progress::Progress;
+use super::workload::{self, Stream};
+use crate::link::FrameLink;
+use crate::link::xdp::{XdpConfig, XdpLink};
+use crate::runtime::{Device, RuntimeConfig};
+use crate::verbs::QpType;
+use crate::wire::{
+    BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RethRepr,
+    RoceRepr, UdpRepr,
+};
+use crossbeam::channel as mpsc;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+/// What `bench flood` does.
+#[derive(Debug, Clone)]
+pub struct FloodOpts {
+    /// Flood frames per repetition.
+    pub frames: u64,
+    /// Repetitions, each a flooded run and a clean run of the same length.
+    pub reps: usize,
+    /// WRITE message size.
+    pub size: usize,
+}
+
+impl Default for FloodOpts {
+    fn default() -> Self {
+        FloodOpts {
+            frames: 1_000_000,
+            reps: 3,
+            size: 65536,
+        }
+    }
+}
+
+/// One repetition.
+#[derive(Debug, Clone, Copy)]
+pub struct FloodRep {
+    /// Goodput of A's WRITEs while the flood ran.
+    pub flooded_gbps: f64,
+    /// Goodput of the same stream, as long, without the flood.
+    pub clean_gbps: f64,
+    /// Flood frames sent, and how long sending them took.
+    pub sent: u64,
+    pub secs: f64,
+}
+
+impl FloodRep {
+    pub fn ratio(&self) -> f64 {
+        self.flooded_gbps / self.clean_gbps.max(1e-9)
+    }
+}
+
+/// The whole run.
+#[derive(Debug, Clone)]
+pub struct FloodReport {
+    pub opts: FloodOpts,
+    pub reps: Vec<FloodRep>,
+    /// B's drops over the whole run, by reason.
+    pub dropped_unknown_qp: u64,
+    pub dropped_bad_icrc: u64,
+    /// Flood frames the kernel dropped before B's engine saw them (no room).
+    pub rx_no_room: u64,
+    /// Frames the flooder sent in all.
+    pub sent: u64,
+    /// Bytes A wrote, every one compared at the destination.
+    pub bytes_checked: u64,
+    /// This process's resident memory after the warm-up and at the end, KiB.
+    pub rss_kib: (u64, u64),
+    pub link: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() { 0.0 } else { v[v.len() / 2] }
+}
+
+impl FloodReport {
+    pub fn median_ratio(&self) -> f64 {
+        median(self.reps.iter().map(FloodRep::ratio).collect())
+    }
+
+    /// The table `bench flood` prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "roce-xdp bench flood: {} frames per repetition at engine B from a third host \
+             (half to QPs that do not exist, half to B's QP with a bad ICRC)\n\
+             while A writes {} KiB messages to B; {}\n\n",
+            self.opts.frames,
+            self.opts.size >> 10,
+            self.link
+        );
+        s.push_str("rep  flooded Gbit/s  clean Gbit/s  ratio  flood Mpps\n");
+        for (i, r) in self.reps.iter().enumerate() {
+            s.push_str(&format!(
+                "{:<4} {:>14.2}  {:>12.2}  {:>5.2}  {:>10.2}\n",
+                i + 1,
+                r.flooded_gbps,
+                r.clean_gbps,
+                r.ratio(),
+                r.sent as f64 / r.secs.max(1e-9) / 1e6
+            ));
+        }
+        let ratios: Vec<f64> = self.reps.iter().map(FloodRep::ratio).collect();
+        let (lo, hi) = ratios
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+        s.push_str(&format!(
+            "\nflooded goodput / clean goodput: median {:.2} (from {:.2} to {:.2})\n",
+            self.median_ratio(),
+            lo,
+            hi
+        ));
+        s.push_str(&format!(
+            "B dropped {} frames to unknown QPs and {} with a bad ICRC; the kernel dropped {} \
+             for want of room (of {} sent)\n",
+            self.dropped_unknown_qp, self.dropped_bad_icrc, self.rx_no_room, self.sent
+        ));
+        s.push_str(&format!(
+            "{:.1} MiB written, every byte compared; resident memory {:.1} MiB after the \
+             warm-up, {:.1} MiB at the end\n",
+            self.bytes_checked as f64 / 1048576.0,
+            self.rss_kib.0 as f64 / 1024.0,
+            self.rss_kib.1 as f64 / 1024.0
+        ));
+        s
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bench": "flood",
+            "frames_per_rep": self.opts.frames,
+            "message_size": self.opts.size,
+            "link": self.link,
+            "reps": self.reps.iter().map(|r| serde_json::json!({
+                "flooded_gbps": r.flooded_gbps,
+                "clean_gbps": r.clean_gbps,
+                "ratio": r.ratio(),
+                "flood_frames": r.sent,
+                "flood_secs": r.secs,
+            })).collect::<Vec<_>>(),
+            "median_ratio": self.median_ratio(),
+            "dropped_unknown_qp": self.dropped_unknown_qp,
+            "dropped_bad_icrc": self.dropped_bad_icrc,
+            "rx_no_room": self.rx_no_room,
+            "flood_frames": self.sent,
+            "bytes_checked": self.bytes_checked,
+            "rss_kib_after_warmup": self.rss_kib.0,
+            "rss_kib_end": self.rss_kib.1,
+        })
+    }
+}
+
+/// This process's resident set, KiB (0 if /proc cannot say).
+pub fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The flood's frames: `n` templates that cycle. Even ones go to a QP number B does
+/// not have; odd ones are WRITEs to B's QP `qpn` whose ICRC is wrong.
+fn flood_frames(
+    from: ([u8; 6], Ipv4Addr),
+    to: ([u8; 6], Ipv4Addr),
+    qpn: u32,
+    n: usize,
+) -> Vec<Vec<u8>> {
+    let mut rng = crate::rng::Rng::new(0xf100d);
+    (0..n)
+        .map(|i| {
+            let dest = if i % 2 == 0 {
+                0x80_0000 | (rng.next_u32() & 0x7f_ffff)
+            } else {
+                qpn
+            };
+            let payload = [i as u8; 64];
+            let repr = FrameRepr {
+                eth: EthRepr {
+                    dst: to.0,
+                    src: from.0,
+                    vlan: None,
+                    ethertype: 0x0800,
+                },
+                ip: IpRepr::V4(Ipv4Repr::new(from.1, to.1, i as u16)),
+                udp: UdpRepr {
+                    src_port: 49152 + (i as u16 & 0x3fff),
+                    dst_port: ROCE_V2_PORT,
+                },
+                roce: RoceRepr {
+                    bth: BthRepr::new(
+                        Opcode::RC_RDMA_WRITE_ONLY,
+                        dest,
+                        Psn::new(rng.next_u32() & 0xff_ffff),
+                    ),
+                    ext: ExtRepr {
+                        reth: Some(RethRepr {
+                            va: u64::from(rng.next_u32()) << 12,
+                            rkey: rng.next_u32(),
+                            dma_len: 64,
+                        }),
+                        ..ExtRepr::default()
+                    },
+                    payload: &payload,
+                },
+            };
+            let mut f = vec![0u8; 256];
+            let len = repr.emit(&mut f).unwrap_or(0);
+            f.truncate(len);
+            if i % 2 == 1 && len > 0 {
+                f[len - 1] ^= 0x5a;
+            }
+            f
+        })
+        .collect()
+}
+
+/// The flooder: a thread in namespace `ns` with its own AF_XDP link (the project's
+/// ring code, no engine) that sends `frames` cycled, `count` at a time, on request.
+struct Flooder {
+    go: mpsc::Sender<u64>,
+    done: mpsc::Receiver<Result<(u64, Duration), String>>,
+}
+
+impl Flooder {
+    fn start(
+        ns: String,
+        ifname: String,
+        ip: Ipv4Addr,
+        frames_for: FloodTarget,
+    ) -> Result<Flooder, String> {
+        let (go_tx, go_rx) = mpsc::unbounded::<u64>();
+        let (done_tx, done_rx) = mpsc::unbounded();
+        let (ready_tx, ready_rx) = mpsc::bounded(1);
+        std::thread::Builder::new()
+            .name("flooder".into())
+            .spawn(move || {
+                let setup = (|| {
+                    crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;
+                    let mac = crate::host::Interface::find(&ifname)
+                        .and_then(|i| i.mac())
+                        .map_err(|e| e.to_string())?;
+                    let link = XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default())?;
+                    Ok::<_, String>((link, mac))
+                })();
+                let (mut link, mac) = match setup {
+                    Ok(x) => {
+                        let _ = ready_tx.send(Ok(()));
+                        x
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let frames = flood_frames((mac, ip), frames_for.to, frames_for.qpn, 128);
+                while let Ok(count) = go_rx.recv() {
+                    let start = Instant::now();
+                    let mut sent = 0u64;
+                    // Bounded: stops after `count` frames or 60 s, whichever comes first.
+                    while sent < count && start.elapsed() < Duration::from_secs(60) {
+                        let n = link.send(&mut |buf: &mut [u8]| {
+                            if sent >= count {
+                                return None;
+                            }
+                            let f = &frames[(sent % frames.len() as u64) as usize];
+                            buf[..f.len()].copy_from_slice(f);
+                            sent += 1;
+                            Some(f.len())
+                        });
+                        link.flush();
+                        if n == 0 {
+                            std::thread::yield_now();
+                        }
+                    }
+                    // Let the last frames leave before the time is taken.
+                    for _ in 0..100 {
+                        link.flush();
+                        if !link.tx_pending() {
+                            break;
+                        }
+                    }
+                    let _ = done_tx.send(Ok((sent, start.elapsed())));
+                }
+            })
+            .map_err(|e| format!("starting the flooder: {e}"))?;
+        ready_rx
+            .recv()
+            .map_err(|_| "the flooder thread ended".to_string())??;
+        Ok(Flooder {
+            go: go_tx,
+            done: done_rx,
+        })
+    }
+}
+
+/// Where the flood goes: B's MAC and address, and B's real QP.
+#[derive(Clone, Copy)]
+struct FloodTarget {
+    to: ([u8; 6], Ipv4Addr),
+    qpn: u32,
+}
+
+/// Runs `bench flood` (root: it creates three namespaces behind a bridge).
+pub fn flood(o: &FloodOpts, say: &mut dyn FnMut(&str)) -> Result<FloodReport, String> {
+    if o.frames == 0 || o.reps == 0 {
+        return Err("--frames and --reps must be at least 1".into());
+    }
+    if !(4096..=1 << 20).contains(&o.size) {
+        return Err(format!("--size {}: 4096 to 1048576 bytes", o.size));
+    }
+    crate::netns::available()?;
+    crate::host::check_xdp_privileges()?;
+    let br = crate::netns::Bridged::new("roce-bench", 20, 3, 1500)?;
+    say(&format!(
+        "A {} ({}), B {} ({}), flooder {} ({}) behind a bridge in {}",
+        br.ends[0].name,
+        br.ips[0],
+        br.ends[1].name,
+        br.ips[1],
+        br.ends[2].name,
+        br.ips[2],
+        br.mid.name
+    ));
+    let open = |i: usize| {
+        let mut c = RuntimeConfig::xdp(&br.ifname);
+        c.netns = Some(br.ends[i].name.clone());
+        Device::open(c).map_err(|e| format!("engine {}: {e}", ["A", "B"][i]))
+    };
+    let (da, db) = (open(0)?, open(1)?);
+    let mtu = da.info().port_mtu;
+    let mem = 4 * o.size + 8192;
+    let a = Endpoint::new(da.clone(), &EndpointOpts::new(QpType::Rc, mem))
+        .map_err(|e| e.to_string())?;
+    let b = Endpoint::new(db.clone(), &EndpointOpts::new(QpType::Rc, mem))
+        .map_err(|e| e.to_string())?;
+    let (ip_a, ip_b) = (IpAddr::V4(br.ips[0]), IpAddr::V4(br.ips[1]));
+    let (psn_a, psn_b) = (0x10, 0x20);
+    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
+        .map_err(|e| e.to_string())?;
+    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
+        .map_err(|e| e.to_string())?;
+    let target = FloodTarget {
+        to: (db.info().mac, br.ips[1]),
+        qpn: b.qp.qpn,
+    };
+    let flooder = Flooder::start(
+        br.ends[2].name.clone(),
+        br.ifname.clone(),
+        br.ips[2],
+        target,
+    )?;
+    let link = da.info().link.clone();
+    let depth = 16;
+    let run = |more: &mut dyn FnMut(u64) -> bool| {
+        workload::stream_while(
+            &a,
+            &b,
+            Stream::Write,
+            o.size,
+            depth,
+            &mut Progress::hidden(),
+            more,
+        )
+    };
+    // Warm-up: a short flood and a short stream, so that what was allocated once is
+    // not taken for growth.
+    let _ = flooder.go.send(o.frames.min(10_000));
+    let _ = flooder.done.recv();
+    let t = Instant::now();
+    run(&mut |_| t.elapsed() < Duration::from_millis(200))?;
+    let rss0 = rss_kib();
+    let before = db.counters().map_err(|e| e.to_string())?;
+    let stats0 = db.stats();
+    let mut reps = Vec::new();
+    let (mut sent_all, mut bytes) = (0u64, 0u64);
+    for rep in 0..o.reps {
+        flooder
+            .go
+            .send(o.frames)
+            .map_err(|_| "the flooder thread ended".to_string())?;
+        let mut result = None;
+        let flooded = run(&mut |_| {
+            if result.is_none() {
+                result = flooder.done.try_recv().ok();
+            }
+            result.is_none()
+        })?;
+        let (sent, secs) = match result {
+            Some(r) => r?,
+            None => flooder
+                .done
+                .recv()
+                .map_err(|_| "the flooder thread ended".to_string())??,
+        };
+        let span = flooded.elapsed;
+        let t = Instant::now();
+        let clean = run(&mut |_| t.elapsed() < span)?;
+        sent_all += sent;
+        bytes += flooded.bytes + clean.bytes;
+        let r = FloodRep {
+            flooded_gbps: flooded.gbps(),
+            clean_gbps: clean.gbps(),
+            sent,
+            secs: secs.as_secs_f64(),
+        };
+        say(&format!(
+            "rep {}: flooded {:.2} Gbit/s, clean {:.2} Gbit/s, ratio {:.2}, {} flood frames in {:.2} s",
+            rep + 1,
+            r.flooded_gbps,
+            r.clean_gbps,
+            r.ratio(),
+            sent,
+            r.secs
+        ));
+        reps.push(r);
+    }
+    // Let the last flood frames reach B's counters.
+    std::thread::sleep(Duration::from_millis(300));
+    let after = db.counters().map_err(|e| e.to_string())?;
+    let stats1 = db.stats();
+    Ok(FloodReport {
+        opts: o.clone(),
+        reps,
+        dropped_unknown_qp: after.drop_unknown_qp - before.drop_unknown_qp,
+        dropped_bad_icrc: after.drop_bad_icrc - before.drop_bad_icrc,
+        rx_no_room: stats1.rx_no_room - stats0.rx_no_room,
+        sent: sent_all,
+        bytes_checked: bytes,
+        rss_kib: (rss0, rss_kib()),
+        link,
+    })
+}
