@@ -1,6 +1,6 @@
 //! Compiles the XDP program in `bpf/` with clang (through libbpf-cargo's
 //! `SkeletonBuilder`) into `$OUT_DIR/roce.bpf.o`, which `src/link/bpf.rs` embeds and
-//! loads with libbpf-rs.
+//! loads with libbpf-rs; likewise the tests' corruption injector `bpf/corrupt.bpf.c`.
 //!
 //! Generates the C ABI's structures from the installed rdma-core headers with bindgen
 //! (`$OUT_DIR/verbs_sys.rs`, included by `src/cabi/sys.rs`; its layout tests fail the
@@ -29,6 +29,15 @@ fn main() {
             )
         });
     println!("cargo:rerun-if-changed={src}");
+    // The tests' corruption injector (see bpf/corrupt.bpf.c), embedded by src/netns.rs.
+    let corrupt = "bpf/corrupt.bpf.c";
+    SkeletonBuilder::new()
+        .source(corrupt)
+        .obj(out.join("corrupt.bpf.o"))
+        .clang_args(["-O2", "-g", "-Wall", multiarch.as_str()])
+        .build()
+        .unwrap_or_else(|e| panic!("building {corrupt} failed: {e:#}"));
+    println!("cargo:rerun-if-changed={corrupt}");
     verbs_bindings(&out);
     let manifest = env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");

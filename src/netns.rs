@@ -168,6 +168,32 @@ fn wait_carrier(ns: &Netns, ifname: &str) -> Result<(), String> {
     }
 }
 
+/// A corruption injector attached by [`Bridged::corrupt`]; detached when dropped.
+pub struct Corruption {
+    ask: Option<crossbeam::channel::Sender<crossbeam::channel::Sender<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Corruption {
+    /// Frames corrupted so far.
+    pub fn corrupted(&self) -> u64 {
+        let (tx, rx) = crossbeam::channel::bounded(1);
+        match &self.ask {
+            Some(a) if a.send(tx).is_ok() => rx.recv().unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for Corruption {
+    fn drop(&mut self) {
+        self.ask = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// True when this process may create namespaces (root with CAP_SYS_ADMIN and iproute2).
 pub fn available() -> Result<(), String> {
     if !crate::host::is_root() {
@@ -274,6 +300,65 @@ impl Bridged {
             "drop",
         ])?;
         Ok(())
+    }
+
+    /// Sends `percent`% of the RoCEv2 frames leaving the bridge towards end `i` twice,
+    /// with an nftables netdev egress rule (`numgen random`, `dup to`).
+    pub fn duplicate(&self, i: usize, percent: u32) -> Result<(), String> {
+        let table = format!("dup{i}");
+        let port = &self.ports[i];
+        self.mid.exec(&["nft", "add", "table", "netdev", &table])?;
+        self.mid.exec(&[
+            "nft",
+            "add",
+            "chain",
+            "netdev",
+            &table,
+            "eg",
+            &format!("{{ type filter hook egress device \"{port}\" priority 0; }}"),
+        ])?;
+        let rule =
+            format!("udp dport 4791 numgen random mod 100 < {percent} counter dup to \"{port}\"");
+        let mut args = vec!["nft", "add", "rule", "netdev", &table, "eg"];
+        args.extend(rule.split(' '));
+        self.mid.exec(&args)?;
+        Ok(())
+    }
+
+    /// Corrupts (one bit flipped, BTH to ICRC) `percent`% of the RoCEv2 frames end `i`
+    /// sends, with an XDP program on its bridge port (`bpf/corrupt.bpf.c`), until the
+    /// returned handle is dropped.
+    pub fn corrupt(&self, i: usize, percent: f64) -> Result<Corruption, String> {
+        let (mid, port) = (self.mid.name.clone(), self.ports[i].clone());
+        let (ready_tx, ready_rx) = crossbeam::channel::bounded(1);
+        let (ask_tx, ask_rx) = crossbeam::channel::unbounded::<crossbeam::channel::Sender<u64>>();
+        let thread = std::thread::spawn(move || {
+            // The program and its link stay on this thread, in the bridge's namespace.
+            let c = crate::host::enter_netns(&mid)
+                .map_err(|e| e.to_string())
+                .and_then(|_| crate::host::Interface::find(&port).map_err(|e| e.to_string()))
+                .and_then(|ifc| crate::link::bpf::Corrupter::attach(&ifc, percent));
+            let c = match c {
+                Ok(c) => {
+                    let _ = ready_tx.send(Ok(()));
+                    c
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            while let Ok(reply) = ask_rx.recv() {
+                let _ = reply.send(c.corrupted());
+            }
+        });
+        ready_rx
+            .recv()
+            .map_err(|_| "the corruption thread ended".to_string())??;
+        Ok(Corruption {
+            ask: Some(ask_tx),
+            thread: Some(thread),
+        })
     }
 
     /// Packets the loss rule of end `i` dropped so far.

@@ -75,7 +75,7 @@ fn hostile_frames_from_a_raw_socket_over_af_xdp() {
     if !need_root() {
         return;
     }
-    let pair = Pair::new("rxh", 7, 1500).unwrap();
+    let pair = Pair::new("rxh", 16, 1500).unwrap();
     let (a, b) = xdp_ends(&pair, QpType::Rc, 1 << 20, |_| {});
     let pattern: Vec<u8> = (0..1 << 20).map(|i: u32| (i % 251) as u8).collect();
     b.mem.write(0, &pattern).unwrap();
@@ -105,7 +105,7 @@ fn hostile_frames_from_a_raw_socket_over_af_xdp() {
     let mut unknown = write(epsn);
     unknown.qpn = qpn ^ 0x5a5a;
     let mut spoofed = write(epsn);
-    spoofed.src_ip = Ipv4Addr::new(198, 18, 7, 99);
+    spoofed.src_ip = Ipv4Addr::new(198, 18, 16, 99);
     let before = b.dev.counters().unwrap();
     raw_send(
         &pair.a.name,

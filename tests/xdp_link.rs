@@ -699,7 +699,7 @@ fn a_link_flap_is_counted_outlasted_by_a_patient_qp_and_reported_by_an_impatient
     if !need_root() {
         return;
     }
-    let pair = Pair::new("rxf", 8, 1500).unwrap();
+    let pair = Pair::new("rxf", 17, 1500).unwrap();
     // Impatient: timeout 12 (about 17 ms, 8 tries: about 0.13 s without progress).
     let (a, b) = xdp_ends(&pair, QpType::Rc, 8 << 20, |_| {});
     // Patient, on the same devices: timeout 18 (about 1.07 s, 8 tries: about 8.6 s).
@@ -871,7 +871,7 @@ fn a_killed_peer_ends_local_qps_with_retry_exc_err_and_frees_its_interface() {
     use roce_xdp::apps::exchange::{pp_decode, pp_encode};
     use roce_xdp::runtime::{Device, RuntimeConfig};
     use std::io::BufRead;
-    let pair = Pair::new("rxk", 9, 1500).unwrap();
+    let pair = Pair::new("rxk", 18, 1500).unwrap();
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
     let mut c = RuntimeConfig::xdp(&pair.ifname);
     c.netns = Some(pair.a.name.clone());
@@ -967,7 +967,7 @@ fn a_umem_too_small_for_the_load_slows_the_transfer_and_never_breaks_it() {
         return;
     }
     use roce_xdp::runtime::LinkKind;
-    let pair = Pair::new("rxu", 10, 1500).unwrap();
+    let pair = Pair::new("rxu", 19, 1500).unwrap();
     // 64 UMEM frames per queue: 32 for receiving, 32 for sending, against a workload
     // that keeps hundreds of packets in flight.
     let (a, b) = xdp_ends(&pair, QpType::Rc, MIXED_MEM, |c| {
@@ -1011,4 +1011,100 @@ fn a_umem_too_small_for_the_load_slows_the_transfer_and_never_breaks_it() {
             && (shown.contains("rx_no_room") || sa.rx_no_room == 0),
         "{shown}"
     );
+}
+
+/// Mixed WRITE/READ/SEND/atomics over a bridge that loses, duplicates and corrupts
+/// frames (nftables, and an XDP program that flips bits): byte-exact, every WR once.
+fn faulty_bridge(tag: &str, third: u8, loss: u32, dup: u32, corrupt: f64, mib: u64) {
+    let br = Bridged::new(tag, third, 2, 1500).unwrap();
+    let mut hold = Vec::new();
+    for i in 0..2 {
+        if loss > 0 {
+            br.lose(i, loss).unwrap();
+        }
+        if dup > 0 {
+            br.duplicate(i, dup).unwrap();
+        }
+        if corrupt > 0.0 {
+            hold.push(br.corrupt(i, corrupt).unwrap());
+        }
+    }
+    let (a, b) = xdp_pair(
+        &br.ifname,
+        (&br.ends[0].name, IpAddr::V4(br.ips[0])),
+        (&br.ends[1].name, IpAddr::V4(br.ips[1])),
+        QpType::Rc,
+        MIXED_MEM,
+        10,
+        |_| {},
+    );
+    let m = workload::mixed(&a, &b, mib << 20, 1 << 20, 0xfa17, &mut Progress::hidden())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (ca, cb) = (a.dev.counters().unwrap(), b.dev.counters().unwrap());
+    let corrupted: Vec<u64> = hold.iter().map(|c| c.corrupted()).collect();
+    println!(
+        "loss {loss}% dup {dup}% corrupt {corrupt}%: {:.1} MiB byte-exact in {:.2} s ({} WRs); \
+         nft dropped {}/{}; corrupted {corrupted:?}; bad ICRC dropped A {} B {}; \
+         duplicates answered B {} A {}; retransmitted A {} B {}",
+        m.report.bytes as f64 / 1048576.0,
+        m.report.elapsed.as_secs_f64(),
+        m.report.ops,
+        br.lost(0),
+        br.lost(1),
+        ca.drop_bad_icrc,
+        cb.drop_bad_icrc,
+        cb.duplicate_request,
+        ca.duplicate_request,
+        ca.retransmitted_pkts,
+        cb.retransmitted_pkts,
+    );
+    assert!(m.per_kind.iter().all(|&n| n > 0), "{:?}", m.per_kind);
+    if corrupt > 0.0 {
+        // Every corrupted frame that reached an engine failed its ICRC (a bit flipped in
+        // the ICRC-masked BTH byte is harmless and passes).
+        assert!(corrupted.iter().all(|&n| n > 0), "nothing was corrupted");
+        assert!(ca.drop_bad_icrc + cb.drop_bad_icrc > 0);
+        assert!(ca.drop_bad_icrc + cb.drop_bad_icrc <= corrupted.iter().sum::<u64>());
+    }
+    if dup > 0 {
+        assert!(
+            cb.duplicate_request + ca.drop_stale_response > 0,
+            "nothing was duplicated"
+        );
+    }
+}
+
+#[test]
+fn one_percent_loss_each_way_stays_byte_exact() {
+    if need_root() {
+        faulty_bridge("rxf1", 21, 1, 0, 0.0, 256);
+    }
+}
+
+#[test]
+fn five_percent_loss_each_way_stays_byte_exact() {
+    if need_root() {
+        faulty_bridge("rxf5", 22, 5, 0, 0.0, 256);
+    }
+}
+
+#[test]
+fn duplicated_frames_are_answered_not_executed_twice() {
+    if need_root() {
+        faulty_bridge("rxfd", 23, 0, 5, 0.0, 256);
+    }
+}
+
+#[test]
+fn corrupted_frames_fail_their_icrc_and_are_recovered() {
+    if need_root() {
+        faulty_bridge("rxfc", 24, 0, 0, 1.0, 256);
+    }
+}
+
+#[test]
+fn loss_duplication_and_corruption_together_stay_byte_exact() {
+    if need_root() {
+        faulty_bridge("rxfa", 25, 1, 2, 1.0, 256);
+    }
 }

@@ -133,3 +133,55 @@ fn xdp_mode(ifname: &str) -> String {
         "unknown".into()
     }
 }
+
+static CORRUPT_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/corrupt.bpf.o"));
+
+/// The tests' corruption injector (`bpf/corrupt.bpf.c`), attached (XDP, through a BPF
+/// link) to an interface: it flips one bit, from the BTH to the ICRC, in a random
+/// fraction of the RoCEv2 frames arriving there. Detached when dropped.
+pub struct Corrupter {
+    cfg: MapHandle,
+    _link: Link,
+    _obj: Object,
+}
+
+impl Corrupter {
+    /// Corrupts `percent` % (0 to 100) of the RoCEv2 frames arriving on `ifc`.
+    pub fn attach(ifc: &Interface, percent: f64) -> Result<Corrupter, String> {
+        let obj = ObjectBuilder::default()
+            .open_memory(CORRUPT_OBJECT)
+            .map_err(|e| format!("opening the corruption object: {e}"))?
+            .load()
+            .map_err(|e| format!("loading the corruption program: {e}"))?;
+        let m = obj
+            .maps()
+            .find(|m| m.name() == "cfg")
+            .ok_or("map cfg missing from the corruption object")?;
+        let cfg = MapHandle::try_from(&m).map_err(|e| format!("map cfg: {e}"))?;
+        let frac = (percent.clamp(0.0, 100.0) / 100.0 * 65536.0).round() as u64;
+        cfg.update(&0u32.to_ne_bytes(), &frac.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| format!("setting the corruption rate: {e}"))?;
+        let prog = obj
+            .progs_mut()
+            .find(|p| p.name() == "corrupt")
+            .ok_or("program corrupt missing")?;
+        let link = prog
+            .attach_xdp(ifc.index as i32)
+            .map_err(|e| format!("attaching the corruption program to {}: {e}", ifc.name))?;
+        Ok(Corrupter {
+            cfg,
+            _link: link,
+            _obj: obj,
+        })
+    }
+
+    /// Frames corrupted so far.
+    pub fn corrupted(&self) -> u64 {
+        self.cfg
+            .lookup(&1u32.to_ne_bytes(), MapFlags::ANY)
+            .ok()
+            .flatten()
+            .and_then(|v| v.try_into().ok().map(u64::from_ne_bytes))
+            .unwrap_or(0)
+    }
+}
