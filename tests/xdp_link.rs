@@ -1014,8 +1014,10 @@ fn a_umem_too_small_for_the_load_slows_the_transfer_and_never_breaks_it() {
 }
 
 /// Mixed WRITE/READ/SEND/atomics over a bridge that loses, duplicates and corrupts
-/// frames (nftables, and an XDP program that flips bits): byte-exact, every WR once.
-fn faulty_bridge(tag: &str, third: u8, loss: u32, dup: u32, corrupt: f64, mib: u64) {
+/// frames (nftables, and an XDP program that flips bits), with engines whose fault
+/// layer reorders `reorder`% of what they receive (held 300 us): byte-exact, every WR
+/// once.
+fn faulty_bridge(tag: &str, third: u8, loss: u32, dup: u32, corrupt: f64, reorder: u32, mib: u64) {
     let br = Bridged::new(tag, third, 2, 1500).unwrap();
     let mut hold = Vec::new();
     for i in 0..2 {
@@ -1036,14 +1038,21 @@ fn faulty_bridge(tag: &str, third: u8, loss: u32, dup: u32, corrupt: f64, mib: u
         QpType::Rc,
         MIXED_MEM,
         10,
-        |_| {},
+        |c| {
+            c.faults = (reorder > 0).then_some(roce_xdp::runtime::faults::FaultConfig {
+                reorder_percent: reorder,
+                hold: Duration::from_micros(300),
+                seed: u64::from(third),
+            });
+        },
     );
     let m = workload::mixed(&a, &b, mib << 20, 1 << 20, 0xfa17, &mut Progress::hidden())
         .unwrap_or_else(|e| panic!("{e}"));
     let (ca, cb) = (a.dev.counters().unwrap(), b.dev.counters().unwrap());
     let corrupted: Vec<u64> = hold.iter().map(|c| c.corrupted()).collect();
+    let reordered = (a.dev.stats().fault_reordered, b.dev.stats().fault_reordered);
     println!(
-        "loss {loss}% dup {dup}% corrupt {corrupt}%: {:.1} MiB byte-exact in {:.2} s ({} WRs); \
+        "loss {loss}% dup {dup}% corrupt {corrupt}% reorder {reorder}% ({reordered:?} held back): {:.1} MiB byte-exact in {:.2} s ({} WRs); \
          nft dropped {}/{}; corrupted {corrupted:?}; bad ICRC dropped A {} B {}; \
          duplicates answered B {} A {}; retransmitted A {} B {}",
         m.report.bytes as f64 / 1048576.0,
@@ -1077,34 +1086,41 @@ fn faulty_bridge(tag: &str, third: u8, loss: u32, dup: u32, corrupt: f64, mib: u
 #[test]
 fn one_percent_loss_each_way_stays_byte_exact() {
     if need_root() {
-        faulty_bridge("rxf1", 21, 1, 0, 0.0, 256);
+        faulty_bridge("rxf1", 21, 1, 0, 0.0, 0, 256);
     }
 }
 
 #[test]
 fn five_percent_loss_each_way_stays_byte_exact() {
     if need_root() {
-        faulty_bridge("rxf5", 22, 5, 0, 0.0, 256);
+        faulty_bridge("rxf5", 22, 5, 0, 0.0, 0, 256);
     }
 }
 
 #[test]
 fn duplicated_frames_are_answered_not_executed_twice() {
     if need_root() {
-        faulty_bridge("rxfd", 23, 0, 5, 0.0, 256);
+        faulty_bridge("rxfd", 23, 0, 5, 0.0, 0, 256);
     }
 }
 
 #[test]
 fn corrupted_frames_fail_their_icrc_and_are_recovered() {
     if need_root() {
-        faulty_bridge("rxfc", 24, 0, 0, 1.0, 256);
+        faulty_bridge("rxfc", 24, 0, 0, 1.0, 0, 256);
     }
 }
 
 #[test]
-fn loss_duplication_and_corruption_together_stay_byte_exact() {
+fn reordered_frames_stay_byte_exact() {
     if need_root() {
-        faulty_bridge("rxfa", 25, 1, 2, 1.0, 256);
+        faulty_bridge("rxfr", 26, 0, 0, 0.0, 5, 256);
+    }
+}
+
+#[test]
+fn loss_duplication_corruption_and_reordering_together_stay_byte_exact() {
+    if need_root() {
+        faulty_bridge("rxfa", 25, 1, 2, 1.0, 2, 256);
     }
 }

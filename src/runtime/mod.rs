@@ -31,6 +31,7 @@
 //!   (counted as `forwarded`). UD QPs stay on thread 0; SRQs and memory windows need one thread.
 
 mod channel;
+pub mod faults;
 mod worker;
 
 pub use channel::{CompChannel, FdQueue};
@@ -93,6 +94,8 @@ pub struct RuntimeConfig {
     /// queue the peer's UDP source port selects, as RSS would; frames that arrive on
     /// another thread's queue are handed over.
     pub threads: usize,
+    /// Reorder and delay received frames before the engine sees them (tests, `soak`).
+    pub faults: Option<faults::FaultConfig>,
     /// The interface whose state is the port's (up with a carrier: ACTIVE). Default:
     /// the AF_XDP interface; the UDP link has none unless given one.
     pub port_ifname: Option<String>,
@@ -172,6 +175,7 @@ impl RuntimeConfig {
             port_mtu: None,
             threads: 1,
             port_ifname: None,
+            faults: None,
             event_hook: None,
             cm_hook: None,
         }

@@ -76,6 +76,8 @@ pub struct Stats {
     /// AF_XDP: frames the kernel dropped before the engine saw them for want of a free
     /// UMEM frame or RX ring slot (the peer's retransmissions recover them).
     pub rx_no_room: u64,
+    /// Frames the runtime's fault layer held back (reordered), when configured.
+    pub fault_reordered: u64,
 }
 
 impl Stats {
@@ -91,6 +93,7 @@ impl Stats {
             t.forward_dropped += s.forward_dropped;
             t.tx_waits += s.tx_waits;
             t.rx_no_room += s.rx_no_room;
+            t.fault_reordered += s.fault_reordered;
             if k == 0 {
                 t.xdp = s.xdp;
                 t.udp_ipv4_ids_solved = s.udp_ipv4_ids_solved;
@@ -120,6 +123,7 @@ impl Stats {
         m.insert("forward_dropped".into(), self.forward_dropped.into());
         m.insert("tx_waits".into(), self.tx_waits.into());
         m.insert("rx_no_room".into(), self.rx_no_room.into());
+        m.insert("fault_reordered".into(), self.fault_reordered.into());
         m.insert("uptime_s".into(), self.uptime.as_secs_f64().into());
         let mut c = serde_json::Map::new();
         for (n, v) in self.counters.named() {
@@ -571,6 +575,7 @@ fn shard_loop(
     let tapping = tap.lock().unwrap_or_else(|e| e.into_inner()).is_some();
     let mut forwarded = 0u64;
     let mut fwd_dropped = 0u64;
+    let mut faults = cfg.faults.map(super::faults::Faults::new);
     let record = |f: &[u8], t: Time| {
         if tapping {
             let mut g = tap.lock().unwrap_or_else(|e| e.into_inner());
@@ -615,6 +620,7 @@ fn shard_loop(
             let mut bells = l.bells();
             let set = &set;
             let (forwarded, fwd_dropped) = (&mut forwarded, &mut fwd_dropped);
+            let faults = &mut faults;
             work += link.get().recv(256, &mut |f| {
                 // A receive WR posted before this frame was sent (the program told its
                 // peer, out of band, that it could send) must be there when it lands: WRs
@@ -650,8 +656,16 @@ fn shard_loop(
                     }
                     return;
                 }
+                if let Some(fl) = faults.as_mut()
+                    && fl.hold(t, f)
+                {
+                    return;
+                }
                 engine.handle_frame(t, f);
             });
+        }
+        if let Some(fl) = faults.as_mut() {
+            work += fl.release(t, |f| l.engine.handle_frame(t, f));
         }
         // Timers.
         if l.engine.poll_timeout().is_some_and(|d| d <= t) {
@@ -702,6 +716,7 @@ fn shard_loop(
                 forward_dropped: fwd_dropped,
                 tx_waits: link.tx_waits(),
                 rx_no_room: link.rx_no_room(),
+                fault_reordered: faults.as_ref().map_or(0, |f| f.reordered),
             };
             *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
             if me == 0
@@ -742,7 +757,11 @@ fn shard_loop(
             continue;
         }
         // Sleep until a frame, a doorbell or the next timer.
-        let timeout = match l.engine.poll_timeout() {
+        let due = [
+            l.engine.poll_timeout(),
+            faults.as_ref().and_then(|f| f.next_due()),
+        ];
+        let timeout = match due.into_iter().flatten().min() {
             Some(d) => Duration::from_nanos(d.0.saturating_sub(now().0)).min(MAX_SLEEP),
             None => MAX_SLEEP,
         };
@@ -780,6 +799,7 @@ fn shard_loop(
         forward_dropped: fwd_dropped,
         tx_waits: link.tx_waits(),
         rx_no_room: link.rx_no_room(),
+        fault_reordered: faults.as_ref().map_or(0, |f| f.reordered),
     };
     // Shard 0 stops the others (their counters are then final too), then reports.
     for k in 1..n {
