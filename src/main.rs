@@ -79,12 +79,34 @@ enum Cmd {
         #[command(subcommand)]
         cmd: BenchCmd,
     },
+    /// An endurance run: many RC QPs over AF_XDP with loss and reordering, mixed
+    /// operations, every byte verified, resident memory watched (root).
+    Soak(SoakArgs),
     /// roce-xdp's RDMA devices, as `rdma link` shows and adds rxe's: `link show`,
     /// `link add NAME netdev IF`, `link delete NAME`.
     Link {
         #[command(subcommand)]
         cmd: Option<LinkCmd>,
     },
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// How long to run.
+    #[arg(long, default_value_t = 10)]
+    minutes: u64,
+    /// Run this many seconds instead of --minutes.
+    #[arg(long, hide = true)]
+    seconds: Option<u64>,
+    /// RC QP pairs.
+    #[arg(long, default_value_t = 100)]
+    qps: usize,
+    /// Percent of frames dropped each way (nftables on the bridge).
+    #[arg(long, default_value_t = 1)]
+    loss: u32,
+    /// Percent of received frames each engine holds back (reordering).
+    #[arg(long, default_value_t = 1)]
+    reorder: u32,
 }
 
 #[derive(Subcommand)]
@@ -461,6 +483,42 @@ fn main() -> ExitCode {
         Cmd::Run(a) => run_program(a, cli.verbose),
         Cmd::Link { cmd } => run_link(cmd.unwrap_or(LinkCmd::Show { name: None })),
         Cmd::Bench { cmd } => run_bench(cmd),
+        Cmd::Soak(a) => run_soak(a),
+    }
+}
+
+fn run_soak(a: SoakArgs) -> ExitCode {
+    apps::catch_interrupts();
+    let o = apps::soak::SoakOpts {
+        duration: Duration::from_secs(a.seconds.unwrap_or(a.minutes.saturating_mul(60))),
+        qps: a.qps,
+        loss: a.loss,
+        reorder: a.reorder,
+        ..apps::soak::SoakOpts::default()
+    };
+    match apps::soak::soak(&o, &mut |l| println!("{l}")) {
+        Ok(r) => {
+            let mib = |k: u64| k as f64 / 1024.0;
+            println!(
+                "{:.1} MiB byte-exact in {:.0} s ({} WRs, {:.2} Gbit/s), {} packets retransmitted; \
+                 resident memory {:.1} MiB after the warm-up, at most {:.1} MiB, {:.1} MiB at the end",
+                r.bytes as f64 / 1048576.0,
+                r.elapsed.as_secs_f64(),
+                r.wrs,
+                r.bytes as f64 * 8.0 / r.elapsed.as_secs_f64().max(1e-9) / 1e9,
+                r.retransmitted,
+                mib(r.rss_kib.0),
+                mib(r.rss_kib.1),
+                mib(r.rss_kib.2)
+            );
+            if r.grew() {
+                eprintln!("roce-xdp soak: FAIL: resident memory grew after the warm-up");
+                return ExitCode::FAILURE;
+            }
+            println!("soak: PASS");
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed("soak", &e),
     }
 }
 

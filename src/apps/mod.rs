@@ -11,6 +11,7 @@ pub mod pingpong;
 pub mod probe;
 pub mod progress;
 pub mod run;
+pub mod soak;
 pub mod stats;
 pub mod workload;
 
