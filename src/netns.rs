@@ -265,64 +265,40 @@ impl Bridged {
         })
     }
 
-    /// Drops `percent`% of RoCEv2 frames leaving the bridge towards end `i`, with an
-    /// nftables netdev egress rule (`numgen random`). The kernel has no netem.
-    pub fn lose(&self, i: usize, percent: u32) -> Result<(), String> {
-        let table = format!("loss{i}");
+    /// Adds `rule` (nftables words) to a netdev egress chain of its own, table `table`,
+    /// on the bridge port facing end `i`.
+    fn egress_rule(&self, i: usize, table: &str, rule: &str) -> Result<(), String> {
         let port = &self.ports[i];
-        self.mid.exec(&["nft", "add", "table", "netdev", &table])?;
+        self.mid.exec(&["nft", "add", "table", "netdev", table])?;
         self.mid.exec(&[
             "nft",
             "add",
             "chain",
             "netdev",
-            &table,
+            table,
             "eg",
             &format!("{{ type filter hook egress device \"{port}\" priority 0; }}"),
         ])?;
-        self.mid.exec(&[
-            "nft",
-            "add",
-            "rule",
-            "netdev",
-            &table,
-            "eg",
-            "udp",
-            "dport",
-            "4791",
-            "numgen",
-            "random",
-            "mod",
-            "100",
-            "<",
-            &percent.to_string(),
-            "counter",
-            "drop",
-        ])?;
+        let mut args = vec!["nft", "add", "rule", "netdev", table, "eg"];
+        args.extend(rule.split(' '));
+        self.mid.exec(&args)?;
         Ok(())
+    }
+
+    /// Drops `percent`% of RoCEv2 frames leaving the bridge towards end `i`, with an
+    /// nftables netdev egress rule (`numgen random`). The kernel has no netem.
+    pub fn lose(&self, i: usize, percent: u32) -> Result<(), String> {
+        let rule = format!("udp dport 4791 numgen random mod 100 < {percent} counter drop");
+        self.egress_rule(i, &format!("loss{i}"), &rule)
     }
 
     /// Sends `percent`% of the RoCEv2 frames leaving the bridge towards end `i` twice,
     /// with an nftables netdev egress rule (`numgen random`, `dup to`).
     pub fn duplicate(&self, i: usize, percent: u32) -> Result<(), String> {
-        let table = format!("dup{i}");
         let port = &self.ports[i];
-        self.mid.exec(&["nft", "add", "table", "netdev", &table])?;
-        self.mid.exec(&[
-            "nft",
-            "add",
-            "chain",
-            "netdev",
-            &table,
-            "eg",
-            &format!("{{ type filter hook egress device \"{port}\" priority 0; }}"),
-        ])?;
         let rule =
             format!("udp dport 4791 numgen random mod 100 < {percent} counter dup to \"{port}\"");
-        let mut args = vec!["nft", "add", "rule", "netdev", &table, "eg"];
-        args.extend(rule.split(' '));
-        self.mid.exec(&args)?;
-        Ok(())
+        self.egress_rule(i, &format!("dup{i}"), &rule)
     }
 
     /// Corrupts (one bit flipped, BTH to ICRC) `percent`% of the RoCEv2 frames end `i`

@@ -136,6 +136,19 @@ impl Bed {
         )
     }
 
+    /// One 64-byte WRITE ONLY (valid key, expected PSN) per value, each with `set`
+    /// applied: the same frame with one field changed.
+    fn writes_with(&self, values: &[u32], set: impl Fn(&mut Pkt, u32)) -> Vec<Vec<u8>> {
+        values
+            .iter()
+            .map(|&v| {
+                let mut p = self.write(self.vb.mr.rkey, self.vb.mr.addr, &[0xee; 64]);
+                set(&mut p, v);
+                p.emit()
+            })
+            .collect()
+    }
+
     /// A READ request of `len` bytes at `va` under `rkey`, at the expected PSN.
     fn read(&self, rkey: u32, va: u64, len: u32) -> Pkt {
         let ext = ExtRepr {
@@ -412,12 +425,7 @@ fn tver_other_than_zero_is_dropped() {
 fn wrong_pkey_is_dropped() {
     // IBA 9.6.1.1 / C9-42: a P_Key that matches no entry of the table is dropped.
     let mut bed = Bed::new();
-    let mut frames = Vec::new();
-    for pkey in [0x0000, 0x1234, 0x8001, 0x7ffe] {
-        let mut p = bed.write(bed.vb.mr.rkey, bed.vb.mr.addr, &[0xee; 64]);
-        p.pkey = pkey;
-        frames.push(p.emit());
-    }
+    let frames = bed.writes_with(&[0x0000, 0x1234, 0x8001, 0x7ffe], |p, v| p.pkey = v as u16);
     // Checked before the ICRC (a header field is cheaper than a CRC), so the frames do
     // not count as received.
     bed.inject(&frames).dropped("drop_bad_pkey", 4, false);
@@ -427,12 +435,9 @@ fn wrong_pkey_is_dropped() {
 #[test]
 fn unknown_qpn_is_dropped() {
     let mut bed = Bed::new();
-    let mut frames = Vec::new();
-    for qpn in [0x00_0000, 0x00_00ff, 0x12_3456, 0xff_fffe] {
-        let mut p = bed.write(bed.vb.mr.rkey, bed.vb.mr.addr, &[0xee; 64]);
-        p.qpn = qpn;
-        frames.push(p.emit());
-    }
+    let frames = bed.writes_with(&[0x00_0000, 0x00_00ff, 0x12_3456, 0xff_fffe], |p, v| {
+        p.qpn = v
+    });
     bed.inject(&frames).dropped("drop_unknown_qp", 4, false);
     bed.all_well();
 }
