@@ -136,6 +136,20 @@ impl Bed {
         )
     }
 
+    /// B's victim QP posts a 64-byte WRITE (wr_id 9) to A; returns the frames it sent
+    /// (not delivered: lost on the way, so the WRITE stays outstanding).
+    fn b_writes(&mut self) -> Vec<Vec<u8>> {
+        let (vb, va) = (&self.vb, &self.va);
+        let wr = SendWr::write(9, &[sge(vb, 0, 64)], va.mr.addr, va.mr.rkey);
+        self.s.b.post_send(vb.qpn, &wr).unwrap();
+        let mut buf = vec![0u8; 10_000];
+        let mut sent = Vec::new();
+        while let Some(n) = self.s.b.poll_transmit(self.s.now, &mut buf) {
+            sent.push(buf[..n].to_vec());
+        }
+        sent
+    }
+
     /// One 64-byte WRITE ONLY (valid key, expected PSN) per value, each with `set`
     /// applied: the same frame with one field changed.
     fn writes_with(&self, values: &[u32], set: impl Fn(&mut Pkt, u32)) -> Vec<Vec<u8>> {
@@ -933,20 +947,7 @@ fn acks_of_psns_never_sent_are_dropped() {
     ]));
     o.dropped("drop_stale_response", 2, true);
     // One WRITE in flight (PSN_B): ACKs of PSN_B+1 and beyond were never sent.
-    let (vb, va) = (&bed.vb, &bed.va);
-    bed.s
-        .b
-        .post_send(
-            vb.qpn,
-            &SendWr::write(9, &[sge(vb, 0, 64)], va.mr.addr, va.mr.rkey),
-        )
-        .unwrap();
-    let mut buf = vec![0u8; 10_000];
-    let mut lost = Vec::new();
-    while let Some(n) = bed.s.b.poll_transmit(bed.s.now, &mut buf) {
-        lost.push(buf[..n].to_vec());
-    }
-    assert_eq!(lost.len(), 1);
+    assert_eq!(bed.b_writes().len(), 1);
     let o = bed.inject(&emit_all(&[
         bed.ack(PSN_B + 1, Syndrome::ACK),
         bed.ack(PSN_B + 1000, Syndrome::ACK),
@@ -974,16 +975,7 @@ fn naks_with_reserved_codes_end_the_wr_with_rem_op_err() {
     // is not a NAK at all and is dropped.
     for code in [5u8, 17, 31] {
         let mut bed = Bed::new();
-        let (vb, va) = (&bed.vb, &bed.va);
-        bed.s
-            .b
-            .post_send(
-                vb.qpn,
-                &SendWr::write(9, &[sge(vb, 0, 64)], va.mr.addr, va.mr.rkey),
-            )
-            .unwrap();
-        let mut buf = vec![0u8; 10_000];
-        while bed.s.b.poll_transmit(bed.s.now, &mut buf).is_some() {}
+        bed.b_writes();
         let o = bed.inject(&[bed.ack(PSN_B, Syndrome::from_byte(0x60 | code)).emit()]);
         assert!(o.sent.is_empty());
         let wc = bed.s.b.poll_cq_one(bed.vb.cq).unwrap();
@@ -993,16 +985,7 @@ fn naks_with_reserved_codes_end_the_wr_with_rem_op_err() {
         bed.works(false);
     }
     let mut bed = Bed::new();
-    let (vb, va) = (&bed.vb, &bed.va);
-    bed.s
-        .b
-        .post_send(
-            vb.qpn,
-            &SendWr::write(9, &[sge(vb, 0, 64)], va.mr.addr, va.mr.rkey),
-        )
-        .unwrap();
-    let mut buf = vec![0u8; 10_000];
-    while bed.s.b.poll_transmit(bed.s.now, &mut buf).is_some() {}
+    bed.b_writes();
     let o = bed.inject(&emit_all(&[
         bed.ack(PSN_B, Syndrome::from_byte(0x40)),
         bed.ack(PSN_B, Syndrome::from_byte(0x5f)),
