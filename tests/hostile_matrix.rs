@@ -213,13 +213,7 @@ impl Bed {
             sent.push(buf[..n].to_vec());
         }
         let after = *self.s.b.counters();
-        let moved = before
-            .named()
-            .iter()
-            .zip(after.named())
-            .filter(|(x, y)| x.1 != y.1)
-            .map(|(x, y)| (x.0, y.1 - x.1))
-            .collect();
+        let moved = moved(&before, &after);
         Outcome { sent, moved }
     }
 
@@ -292,6 +286,20 @@ impl Bed {
         assert_eq!(o.acks(), vec![(Syndrome::ACK, psn)]);
         assert_eq!(self.vb.mem.to_vec(40_000, 256).unwrap(), data);
         assert_eq!(self.epsn(), (psn + 1) & 0xff_ffff);
+    }
+
+    /// Hands B one request, built at the expected PSN, that the responder must refuse:
+    /// one NAK with `code` for that PSN, counted, and the victim QP in ERR (IBA 9.9.2).
+    fn refused(&mut self, p: Pkt, code: NakCode) {
+        let psn = self.epsn();
+        assert_eq!(p.psn, psn, "a refused request is built at the expected PSN");
+        let counter = match code {
+            NakCode::RemoteAccessError => "nak_rem_access_sent",
+            NakCode::InvalidRequest => "nak_inv_req_sent",
+            c => unreachable!("{c:?}"),
+        };
+        self.inject(&[p.emit()]).nak(code, psn, counter);
+        self.victim_failed();
     }
 
     /// The victim QP on B is in ERR (IBA 9.9.2: a responder error ends the QP), its
@@ -567,75 +575,60 @@ fn a_ud_send_with_the_wrong_qkey_is_dropped_and_takes_no_receive() {
 #[test]
 fn a_bad_rkey_gets_a_remote_access_nak() {
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let rkey = bed.vb.mr.rkey ^ 0x100;
-    let o = bed.inject(&[bed.write(rkey, bed.vb.mr.addr, &[0xee; 64]).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(
+        bed.write(rkey, bed.vb.mr.addr, &[0xee; 64]),
+        NakCode::RemoteAccessError,
+    );
 }
 
 #[test]
 fn an_rkey_of_another_pd_gets_a_remote_access_nak() {
     // IBA 10.6.3.1 (C10-?): an R_Key is valid only on QPs of its own PD.
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let (rkey, va) = (bed.other_pd.rkey, bed.other_pd.addr);
-    let o = bed.inject(&[bed.read(rkey, va, 64).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(bed.read(rkey, va, 64), NakCode::RemoteAccessError);
 }
 
 #[test]
 fn a_range_that_wraps_past_2_64_gets_a_remote_access_nak() {
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let rkey = bed.vb.mr.rkey;
-    let o = bed.inject(&[bed.write(rkey, u64::MAX - 31, &[0xee; 64]).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(
+        bed.write(rkey, u64::MAX - 31, &[0xee; 64]),
+        NakCode::RemoteAccessError,
+    );
 
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let rkey = bed.vb.mr.rkey;
-    let o = bed.inject(&[bed.read(rkey, bed.vb.mr.addr.wrapping_neg(), 4096).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(
+        bed.read(rkey, bed.vb.mr.addr.wrapping_neg(), 4096),
+        NakCode::RemoteAccessError,
+    );
 }
 
 #[test]
 fn a_length_over_2_31_gets_an_invalid_request_nak() {
     // IBA 9.4.3 / C9-24: a DMA length above 2^31 is not a valid RDMA request.
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let (rkey, va) = (bed.vb.mr.rkey, bed.vb.mr.addr);
-    let o = bed.inject(&[bed.read(rkey, va, 0x8000_0001).emit()]);
-    o.nak(NakCode::InvalidRequest, psn, "nak_inv_req_sent");
-    bed.victim_failed();
+    bed.refused(bed.read(rkey, va, 0x8000_0001), NakCode::InvalidRequest);
 
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let mut p = bed.write(bed.vb.mr.rkey, bed.vb.mr.addr, &[0xee; 1024]);
     p.op = Opcode::RC_RDMA_WRITE_FIRST;
     p.ext.reth.as_mut().unwrap().dma_len = 0xffff_ffff;
-    let o = bed.inject(&[p.emit()]);
-    o.nak(NakCode::InvalidRequest, psn, "nak_inv_req_sent");
-    bed.victim_failed();
+    bed.refused(p, NakCode::InvalidRequest);
 }
 
 #[test]
 fn read_and_atomic_without_permission_are_refused() {
     // The region forbids it: the R_Key check fails (IBA 9.7.5.1.4, C9-?): REMOTE ACCESS.
     let mut bed = Bed::new();
-    let psn = bed.epsn();
     let (rkey, va) = (bed.ro.rkey, bed.ro.addr);
-    let o = bed.inject(&[bed.fetch_add(rkey, va).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(bed.fetch_add(rkey, va), NakCode::RemoteAccessError);
     let mut bed = Bed::new();
-    let psn = bed.epsn();
-    let o = bed.inject(&[bed.write(rkey, va, &[0xee; 64]).emit()]);
-    o.nak(NakCode::RemoteAccessError, psn, "nak_rem_access_sent");
-    bed.victim_failed();
+    bed.refused(bed.write(rkey, va, &[0xee; 64]), NakCode::RemoteAccessError);
 
     // The QP forbids it (qp_access_flags without REMOTE_READ / REMOTE_ATOMIC): the
     // operation is not valid on this QP (IBA 9.7.5.1.2; rxe's check_op_valid): INVALID
@@ -668,10 +661,10 @@ fn a_misaligned_atomic_gets_an_invalid_request_nak() {
     // IBA 9.4.5 (C9-37): atomics need an 8-byte aligned VA.
     for off in [1, 4, 7] {
         let mut bed = Bed::new();
-        let psn = bed.epsn();
-        let o = bed.inject(&[bed.fetch_add(bed.vb.mr.rkey, bed.vb.mr.addr + off).emit()]);
-        o.nak(NakCode::InvalidRequest, psn, "nak_inv_req_sent");
-        bed.victim_failed();
+        bed.refused(
+            bed.fetch_add(bed.vb.mr.rkey, bed.vb.mr.addr + off),
+            NakCode::InvalidRequest,
+        );
     }
 }
 
@@ -823,13 +816,10 @@ fn a_payload_longer_than_the_path_mtu_gets_an_invalid_request_nak() {
         (Opcode::RC_RDMA_WRITE_FIRST, 1020),
     ] {
         let mut bed = Bed::with(Mtu::Mtu4096, path_1024, path_1024);
-        let psn = bed.epsn();
         let mut p = bed.write(bed.vb.mr.rkey, bed.vb.mr.addr, &vec![0xee; len]);
         p.op = op;
         p.ext.reth.as_mut().unwrap().dma_len = 8192;
-        let o = bed.inject(&[p.emit()]);
-        o.nak(NakCode::InvalidRequest, psn, "nak_inv_req_sent");
-        bed.victim_failed();
+        bed.refused(p, NakCode::InvalidRequest);
     }
 }
 

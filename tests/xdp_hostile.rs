@@ -38,19 +38,6 @@ fn raw_send(ns: &str, ifname: &str, frames: Vec<Vec<u8>>) {
     .unwrap();
 }
 
-/// The counters that moved between `a` and `b`, and by how much.
-fn moved(a: &Counters, b: &Counters) -> Vec<(&'static str, u64)> {
-    let mut v: Vec<_> = a
-        .named()
-        .iter()
-        .zip(b.named())
-        .filter(|(x, y)| x.1 != y.1)
-        .map(|(x, y)| (x.0, y.1 - x.1))
-        .collect();
-    v.sort();
-    v
-}
-
 /// Waits (at most 5 s) until the counters of `dev` moved by `want` since `before`, then
 /// a little longer to see that nothing else moves; asserts the exact set.
 fn expect_moved(dev: &Device, before: &Counters, want: &[(&'static str, u64)]) -> Counters {

@@ -2,6 +2,7 @@
 //! opcode, PSN, key, address and length, with a correct ICRC unless a test breaks it.
 #![allow(dead_code)]
 
+use roce_xdp::engine::Counters;
 use roce_xdp::wire::*;
 use std::net::Ipv4Addr;
 
@@ -124,4 +125,17 @@ pub fn fix_lengths(f: &mut [u8]) {
     let folded = (sum & 0xffff) + (sum >> 16);
     let folded = (folded & 0xffff) + (folded >> 16);
     f[L3 + 10..L3 + 12].copy_from_slice(&(!(folded as u16)).to_be_bytes());
+}
+
+/// The counters that moved from `before` to `after`, and by how much, sorted by name.
+pub fn moved(before: &Counters, after: &Counters) -> Vec<(&'static str, u64)> {
+    let mut v: Vec<_> = before
+        .named()
+        .iter()
+        .zip(after.named())
+        .filter(|(x, y)| x.1 != y.1)
+        .map(|(x, y)| (x.0, y.1 - x.1))
+        .collect();
+    v.sort();
+    v
 }
