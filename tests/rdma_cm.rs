@@ -225,3 +225,38 @@ fn refusals_are_events_not_hangs() {
     assert!(out.contains("RDMA_CM_EVENT_ADDR_ERROR"), "{out}");
     assert_no_xdp_left(&pair);
 }
+
+/// The event channel's contract, from a C program (`tests/c/cm_channel.c`): the fd is
+/// readable exactly while an event waits, a destroyed ID's undelivered events go with
+/// it, and a thread waiting on the channel is never woken with an error (rping's event
+/// thread, still waiting when its main thread destroys the channel, once failed with
+/// EAGAIN here: the destroy took the event the thread had been woken for).
+#[test]
+fn event_channels_keep_their_count_and_drop_a_destroyed_id_s_events() {
+    if !ready(&["cc"]) {
+        return;
+    }
+    let pair = Pair::new("rcmd", 54, 1500).unwrap();
+    let dir = std::env::temp_dir().join(format!("roce-cm-channel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("cm_channel");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_channel.c");
+    let st = Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&prog)
+        .arg(src)
+        .args(["-lrdmacm", "-libverbs", "-lpthread"])
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "cc failed on {src}");
+    let a = pair.ip_a.to_string();
+    let (ok, out) = Child::spawn(run_in(&pair.a, &[], &[prog.to_str().unwrap(), &a])).finish(60);
+    println!("{out}");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(" passed, 0 failed") && !out.contains("not ok"),
+        "{out}"
+    );
+    assert_no_xdp_left(&pair);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -64,10 +64,13 @@ const ACK_TIMEOUT: u8 = 19;
 // ---------------------------------------------------------------------------------
 // Event channels.
 
+/// What a program gets as `struct rdma_event_channel *`: the fd first, as in the header.
 #[repr(C)]
 pub(crate) struct Channel {
     ibv: UnsafeCell<rdma_event_channel>,
-    events: Mutex<VecDeque<usize>>,
+    /// Shared with a thread waiting in `rdma_get_cm_event`, which may outlive the handle
+    /// (rping's event thread is still waiting when its main thread destroys the channel).
+    q: Arc<Queue>,
     /// IDs using the channel (it is not destroyed under them).
     users: Mutex<usize>,
 }
@@ -77,54 +80,137 @@ unsafe impl Sync for Channel {}
 // SAFETY: as above.
 unsafe impl Send for Channel {}
 
+/// A channel's events. The eventfd counts them (so that `poll()` on the fd works), and
+/// the count changes only under the lock together with the queue: a waiter that sees a
+/// readable fd and then an empty queue (someone else took the event, or the event's ID
+/// was destroyed) waits again rather than failing.
+struct Queue {
+    fd: c_int,
+    st: Mutex<QueueState>,
+}
+
+#[derive(Default)]
+struct QueueState {
+    /// Leaked `Event`s, oldest first.
+    events: VecDeque<usize>,
+    /// The channel was destroyed: its fd is closed, nothing is queued any more.
+    closed: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes one off the eventfd's count; called under the lock with the count >= 1,
+    /// so it never blocks.
+    fn uncount(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a u64 from our eventfd (semaphore mode).
+        unsafe { libc::read(self.fd, &mut v as *mut u64 as *mut c_void, 8) };
+    }
+
+    /// Drops the queued events `gone` picks (their ID is being destroyed), as the
+    /// kernel's ucma drops a destroyed ID's undelivered events.
+    fn remove(&self, mut gone: impl FnMut(&Event) -> bool) -> Vec<Event> {
+        let mut s = self.lock();
+        let mut out = Vec::new();
+        let mut kept = VecDeque::with_capacity(s.events.len());
+        for p in s.events.drain(..) {
+            // SAFETY: events queued by push and not handed out are ours.
+            if gone(unsafe { &*(p as *const Event) }) {
+                self.uncount();
+                // SAFETY: as above; taken off the queue and freed here, once.
+                out.push(*unsafe { Box::from_raw(p as *mut Event) });
+            } else {
+                kept.push_back(p);
+            }
+        }
+        s.events = kept;
+        out
+    }
+}
+
 impl Channel {
     fn fd(&self) -> c_int {
-        // SAFETY: written once at creation.
-        unsafe { (*self.ibv.get()).fd }
+        self.q.fd
     }
 
     /// Queues an event (a leaked `Event`) and makes the fd readable once more.
     fn push(&self, ev: Box<Event>) {
-        self.events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push_back(Box::into_raw(ev) as usize);
+        let mut s = self.q.lock();
+        if s.closed {
+            return;
+        }
+        s.events.push_back(Box::into_raw(ev) as usize);
         let one: u64 = 1;
         // SAFETY: an eventfd this channel owns; 8 bytes from a valid u64.
         unsafe { libc::write(self.fd(), &one as *const u64 as *const c_void, 8) };
     }
 
-    /// Takes the next event: waits on the fd (unless it is non-blocking), as
-    /// librdmacm's `rdma_get_cm_event` waits on its `write()`.
-    fn pop(&self) -> Result<*mut Event, c_int> {
-        let mut v: u64 = 0;
+    /// Takes the next event, waiting for one unless the fd is non-blocking (then
+    /// EAGAIN), as librdmacm's `rdma_get_cm_event` waits in its `write()`. `taken` runs
+    /// under the queue's lock with the event, so that an ID's destroy, which first
+    /// empties the queue of its events, sees every event handed out.
+    fn pop(&self, taken: impl Fn(*mut Event)) -> Result<*mut Event, c_int> {
+        let q = self.q.clone();
         loop {
-            // SAFETY: reading 8 bytes into a u64 from our eventfd (semaphore mode).
-            let n = unsafe { libc::read(self.fd(), &mut v as *mut u64 as *mut c_void, 8) };
-            if n == 8 {
-                break;
+            {
+                let mut s = q.lock();
+                if let Some(p) = s.events.pop_front() {
+                    q.uncount();
+                    taken(p as *mut Event);
+                    return Ok(p as *mut Event);
+                }
+                if s.closed {
+                    drop(s);
+                    // Destroyed while we waited: librdmacm's waiter stays in its
+                    // write() for good; so does this one (until a signal).
+                    // SAFETY: pause has no arguments.
+                    unsafe { libc::pause() };
+                    return Err(libc::EINTR);
+                }
             }
-            let e = std::io::Error::last_os_error()
-                .raw_os_error()
-                .unwrap_or(libc::EIO);
-            if e != libc::EINTR {
-                return Err(e);
+            // SAFETY: fcntl on our own fd.
+            let flags = unsafe { libc::fcntl(q.fd, libc::F_GETFL) };
+            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                return Err(libc::EAGAIN);
+            }
+            let mut p = libc::pollfd {
+                fd: q.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd on the stack.
+            if unsafe { libc::poll(&mut p, 1, -1) } < 0 {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EIO);
+                if e == libc::EINTR {
+                    return Err(e);
+                }
             }
         }
-        let p = self
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front();
-        p.map(|p| p as *mut Event).ok_or(libc::EAGAIN)
     }
 }
 
+/// Channels not yet destroyed (a destroyed one's pointer is refused, not dereferenced).
+fn live_channels() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
+    static L: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
+    L.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
 /// # Safety
-/// `c` is NULL or a channel from `rdma_create_event_channel`, not destroyed.
+/// `c` is NULL or a pointer a program got from `rdma_create_event_channel`.
 unsafe fn channel<'a>(c: *mut rdma_event_channel) -> Option<&'a Channel> {
-    // SAFETY: the caller's contract; `ibv` is the first field of the repr(C) Channel.
-    (!c.is_null()).then(|| unsafe { &*(c as *const Channel) })
+    if c.is_null() || !live_channels().contains(&(c as usize)) {
+        return None;
+    }
+    // SAFETY: a live channel (freed only after leaving the set); `ibv` is the first
+    // field of the repr(C) Channel.
+    Some(unsafe { &*(c as *const Channel) })
 }
 
 fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
@@ -137,10 +223,15 @@ fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
     }
     let c = Box::new(Channel {
         ibv: UnsafeCell::new(rdma_event_channel { fd }),
-        events: Mutex::new(VecDeque::new()),
+        q: Arc::new(Queue {
+            fd,
+            st: Mutex::new(QueueState::default()),
+        }),
         users: Mutex::new(0),
     });
-    Ok(Box::into_raw(c) as *mut rdma_event_channel)
+    let p = Box::into_raw(c) as *mut rdma_event_channel;
+    live_channels().insert(p as usize);
+    Ok(p)
 }
 
 #[unsafe(no_mangle)]
@@ -173,19 +264,19 @@ pub extern "C" fn rdma_destroy_event_channel(channel_: *mut rdma_event_channel) 
             tracing::warn!("rdma_destroy_event_channel: IDs still use the channel; kept");
             return;
         }
-        // SAFETY: our eventfd.
-        unsafe { libc::close(c.fd()) };
-        let left: Vec<usize> = c
-            .events
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
+        live_channels().remove(&(channel_ as usize));
+        let left: Vec<usize> = {
+            let mut s = c.q.lock();
+            s.closed = true;
+            // SAFETY: our eventfd; nothing reads or writes it once `closed` is set.
+            unsafe { libc::close(c.fd()) };
+            s.events.drain(..).collect()
+        };
         for p in left {
             // SAFETY: events queued by push, never handed out.
             drop(unsafe { Box::from_raw(p as *mut Event) });
         }
-        // SAFETY: the box new_channel leaked, freed once.
+        // SAFETY: the box new_channel leaked, freed once (a waiter keeps only `q`).
         drop(unsafe { Box::from_raw(channel_ as *mut Channel) });
     })
 }
@@ -236,16 +327,19 @@ pub extern "C" fn rdma_get_cm_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        match c.pop() {
+        // Counted as handed out before the queue lets go of it: the ID's destroy then
+        // waits for its acknowledgement.
+        let taken = |e: *mut Event| {
+            // SAFETY: an event just taken off the queue; its ID is live (a destroyed
+            // ID's events leave the queue first).
+            if let Some(i) = unsafe { cm_id((*e).ibv.id) } {
+                i.st().unacked += 1;
+            }
+        };
+        match c.pop(taken) {
             Ok(e) => {
                 // SAFETY: the caller's out-pointer; `e` a live event, `ibv` first.
                 unsafe { *ev = e as *mut rdma_cm_event };
-                // SAFETY: as above.
-                let id = unsafe { (*e).ibv.id };
-                // SAFETY: an ID of ours, live until its events are acknowledged.
-                if let Some(i) = unsafe { cm_id(id) } {
-                    i.st().unacked += 1;
-                }
                 0
             }
             Err(e) => {
@@ -476,6 +570,17 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         let Some(i) = (unsafe { cm_id(id) }) else {
             return fail(libc::EINVAL);
         };
+        // Its undelivered events go, as the kernel's ucma drops them; so do connection
+        // requests a listener never handed out, with their IDs (the CM rejects them).
+        let queued = i
+            .channel()
+            .map(|c| c.q.remove(|e| e.ibv.id == id || e.ibv.listen_id == id))
+            .unwrap_or_default();
+        for e in queued {
+            if e.ibv.id != id && e.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST {
+                rdma_destroy_id(e.ibv.id);
+            }
+        }
         let (hub, conn, listens) = {
             let mut s = i.st();
             // librdmacm waits for the ID's events to be acknowledged.
@@ -1547,7 +1652,7 @@ fn wait_for(i: &Id, want: &[rdma_cm_event_type]) -> c_int {
         return fail(libc::EINVAL);
     };
     loop {
-        let e = match c.pop() {
+        let e = match c.pop(|_| ()) {
             Ok(e) => e,
             Err(libc::EAGAIN) => continue,
             Err(e) => return fail(e),
@@ -2271,7 +2376,7 @@ pub extern "C" fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_c
             return fail(libc::EINVAL);
         };
         let e = loop {
-            match c.pop() {
+            match c.pop(|_| ()) {
                 Ok(e) => break e,
                 Err(libc::EAGAIN) => continue,
                 Err(e) => return fail(e),
