@@ -817,3 +817,34 @@ fn a_req_seen_again_is_ignored_then_refused_as_stale_in_timewait() {
     assert_eq!(rej_reason(&r[0]), cm::reason::STALE_CONNECTION);
     assert_eq!(b.poll_cm_event(), None);
 }
+
+/// A process that restarts (its engine seeded anew) numbers its QPs from elsewhere: a
+/// peer whose CM still holds the old connection (no DREQ came from the crashed process)
+/// would refuse a REQ from the same QPN as stale (REJ 10) until its timewait ends. The
+/// same seed still gives the same numbers, so a run reproduces.
+#[test]
+fn a_restarted_engine_numbers_its_qps_from_elsewhere() {
+    let first = |seed| {
+        let mut e = Engine::new(config(MAC_A, IP_A, Mtu::Mtu1024, seed));
+        let a = side(&mut e, QpType::Rc, 4096, 4).qpn;
+        let b = side(&mut e, QpType::Rc, 4096, 4).qpn;
+        assert_eq!(b, a + 1, "QPNs of one engine count up");
+        a
+    };
+    let qpns: Vec<u32> = (0..64u64).map(|s| first(s * 0x9e37_79b9 + 1)).collect();
+    for &q in &qpns {
+        assert!(
+            (roce_xdp::engine::FIRST_QPN..0xff_0000).contains(&q),
+            "{q:#x}"
+        );
+    }
+    let mut distinct = qpns.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        qpns.len(),
+        "64 restarts, 64 first QPNs: {qpns:x?}"
+    );
+    assert_eq!(first(7), first(7), "the same seed, the same QPNs");
+}

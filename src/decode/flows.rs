@@ -15,7 +15,7 @@
 //! flow's first PSN (at most 2^22 back) up to its highest (requests and responses both advance it, so a READ
 //! re-requested from its middle is caught too), is a retransmission. A PSN more than
 //! [`NEW_CONNECTION_GAP`] before the window, or past the furthest PSN the flow could use
-//! next, starts a new connection reusing the QP numbers (every rxe or roce-xdp process numbers its first QP 0x11, and each
+//! next, starts a new connection reusing the QP numbers (each rxe VM numbers its first QP 0x11, and each
 //! connection starts at a random PSN): a flow of its own, numbered by `conn`.
 
 use crate::wire::aeth::Syndrome;

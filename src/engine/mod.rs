@@ -45,8 +45,18 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-/// The first QPN handed out, as rxe (QP1 takes the pool index before it).
+/// The lowest QPN handed out, as rxe's (QP1 takes the pool index before it).
 pub const FIRST_QPN: u32 = 0x11;
+
+/// Where an engine starts numbering its QPs: drawn from its seed, so that a process
+/// that restarts (after a crash, without a DREQ) does not come back with the QPNs its
+/// peers' CMs still hold in a connection; those would refuse its REQs as stale (REJ 10,
+/// IBA 12.9.8.3.1) until their timewait ends. rxe's QPNs keep counting up across
+/// processes for the same reason; a hardware NIC's come from a large space.
+pub fn first_qpn(seed: u64) -> u32 {
+    // Not drawn from the engine's generator: keys and PSNs stay as they were per seed.
+    FIRST_QPN + (Rng::new(seed.rotate_left(17) ^ 0x5150_4e00).next_u32() % 0x7f_0000)
+}
 
 /// A multiplicative hasher for the QP table: QPNs are small integers, SipHash's cost
 /// per lookup is not needed.
@@ -200,6 +210,7 @@ impl Engine {
     pub fn new(cfg: DeviceConfig) -> Engine {
         let gids = cfg.gid_table();
         let rng = Rng::new(cfg.seed);
+        let next_qpn = first_qpn(cfg.seed);
         Engine {
             ctx: Ctx {
                 gids,
@@ -217,7 +228,7 @@ impl Engine {
                 cfg,
             },
             qps: QpMap::default(),
-            next_qpn: FIRST_QPN,
+            next_qpn,
             ready: VecDeque::new(),
             timers: BinaryHeap::new(),
             now: Time::ZERO,
