@@ -70,6 +70,9 @@ pub struct ConnectOpts {
     pub min_rnr_timer: u8,
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
+    /// The local GID the QP sends from (`-g`, as the rdma-core tools' `sgid_index`);
+    /// `None`: the first of the peer's IP version.
+    pub sgid_index: Option<u8>,
 }
 
 impl ConnectOpts {
@@ -88,6 +91,7 @@ impl ConnectOpts {
             min_rnr_timer: 12,
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
+            sgid_index: None,
         }
     }
 }
@@ -167,6 +171,9 @@ impl Endpoint {
             ah_attr: self.dev.av_to(ip_of(&r.gid)),
             ..QpAttr::default()
         };
+        if let Some(g) = o.sgid_index {
+            a.ah_attr.sgid_index = g;
+        }
         let m = QpAttrMask::STATE;
         let rtr = match t {
             QpType::Rc => {

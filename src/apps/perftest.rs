@@ -307,6 +307,7 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
     co.timeout = 14;
     co.max_dest_rd_atomic = out_reads as u8;
     co.max_rd_atomic = rem.out_reads.clamp(1, 16) as u8;
+    co.sgid_index = Some(o.gid_index);
     let remote = Remote {
         qpn: rem.qpn,
         psn: rem.psn,

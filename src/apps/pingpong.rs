@@ -148,6 +148,7 @@ pub fn run(
     co.qkey = PP_QKEY;
     co.max_rd_atomic = 1;
     co.max_dest_rd_atomic = 1;
+    co.sgid_index = Some(gid_index);
     e.init(&co).map_err(|e| e.to_string())?;
     // Receives before the exchange, as the tools do.
     let recv = || {

@@ -244,6 +244,7 @@ pub fn run(dev: &Device, o: &Opts) -> Result<String, String> {
     co.timeout = o.timeout_exp;
     co.max_rd_atomic = 8;
     co.max_dest_rd_atomic = 8;
+    co.sgid_index = Some(o.gid_index);
     let mut s = match &o.host {
         Some(h) => {
             let mut s = super::connect_tcp(h, o.port, o.wait)?;
