@@ -239,6 +239,45 @@ pub fn all_addresses() -> Result<Vec<(String, IpAddr)>, HostError> {
     Ok(out)
 }
 
+/// The 802.1Q subinterfaces of `parent` in this thread's network namespace, with their
+/// VLAN IDs, from the 8021q module's table (`/proc/net/vlan/config`, as of the calling
+/// thread: the runtime enters the namespace in its own thread). None when the module is
+/// not loaded (then there are no VLAN devices).
+pub fn vlan_subinterfaces(parent: &str) -> Vec<(String, u16)> {
+    let Ok(t) = fs::read_to_string("/proc/thread-self/net/vlan/config") else {
+        return Vec::new();
+    };
+    parse_vlan_config(&t, parent)
+}
+
+/// Every 802.1Q subinterface of this thread's network namespace, with its parent.
+pub fn vlan_subinterfaces_all() -> Vec<(String, String)> {
+    let Ok(t) = fs::read_to_string("/proc/thread-self/net/vlan/config") else {
+        return Vec::new();
+    };
+    vlan_lines(&t)
+        .map(|(name, _, dev)| (name.to_string(), dev.to_string()))
+        .collect()
+}
+
+/// The lines `NAME | VID | PARENT` of `/proc/net/vlan/config`.
+fn vlan_lines(t: &str) -> impl Iterator<Item = (&str, u16, &str)> {
+    t.lines().filter_map(|l| {
+        let mut f = l.split('|').map(str::trim);
+        let (name, vid, dev) = (f.next()?, f.next()?, f.next()?);
+        let vid = vid.parse::<u16>().ok()?;
+        (1..4095).contains(&vid).then_some((name, vid, dev))
+    })
+}
+
+/// The lines of `/proc/net/vlan/config` whose parent is `parent`.
+fn parse_vlan_config(t: &str, parent: &str) -> Vec<(String, u16)> {
+    vlan_lines(t)
+        .filter(|(_, _, dev)| *dev == parent)
+        .map(|(name, vid, _)| (name.to_string(), vid))
+        .collect()
+}
+
 /// The one interface other than `lo` with an IPv4 address, if there is exactly one
 /// (what the commands use when no `-d` is given).
 pub fn default_interface() -> Result<String, String> {
@@ -302,7 +341,14 @@ pub fn neighbor(ifname: &str, ip: IpAddr) -> Option<[u8; 6]> {
 /// The MAC of `ip`: from the neighbour table, or after making the kernel resolve it (a
 /// datagram to the discard port starts ARP or ND) and waiting up to `wait`.
 pub fn resolve_neighbor(ifname: &str, ip: IpAddr, wait: Duration) -> Option<[u8; 6]> {
-    if let Some(m) = neighbor(ifname, ip) {
+    resolve_neighbor_on(&[ifname], ip, wait)
+}
+
+/// [`resolve_neighbor`] on whichever of `ifnames` the kernel resolves `ip` on (the port's
+/// interface and its VLAN subinterfaces: the route decides).
+pub fn resolve_neighbor_on(ifnames: &[&str], ip: IpAddr, wait: Duration) -> Option<[u8; 6]> {
+    let known = || ifnames.iter().find_map(|n| neighbor(n, ip));
+    if let Some(m) = known() {
         return Some(m);
     }
     let bind: IpAddr = match ip {
@@ -319,7 +365,7 @@ pub fn resolve_neighbor(ifname: &str, ip: IpAddr, wait: Duration) -> Option<[u8;
             last_kick = Some(Instant::now());
         }
         std::thread::sleep(Duration::from_millis(5));
-        if let Some(m) = neighbor(ifname, ip) {
+        if let Some(m) = known() {
             return Some(m);
         }
     }
@@ -566,6 +612,17 @@ impl InterfaceLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vlan_config_lines() {
+        let t = "VLAN Dev name    | VLAN ID\nName-Type: VLAN_NAME_TYPE_RAW_PLUS_VID_NO_PAD\n\
+                 veth0.100      | 100  | veth0\nveth1.7        | 7  | veth1\nbad | x | veth0\n";
+        assert_eq!(
+            parse_vlan_config(t, "veth0"),
+            vec![("veth0.100".to_string(), 100)]
+        );
+        assert!(parse_vlan_config(t, "eth9").is_empty());
+    }
 
     #[test]
     fn macs_and_loopback() {

@@ -103,6 +103,23 @@ fn candidate_interfaces() -> Vec<String> {
             .and_then(|i| i.is_up())
             .unwrap_or(false)
     });
+    // A VLAN subinterface is no device of its own: its addresses are GIDs of its
+    // parent's device (which has one even without an address of its own), as a NIC's
+    // RDMA device has its VLAN netdevs' GIDs.
+    for (v, parent) in crate::host::vlan_subinterfaces_all() {
+        let Some(k) = names.iter().position(|n| *n == v) else {
+            continue;
+        };
+        let parent_up = crate::host::Interface::find(&parent)
+            .and_then(|i| i.is_up())
+            .unwrap_or(false);
+        if parent_up {
+            names.remove(k);
+            if !names.contains(&parent) {
+                names.insert(k, parent);
+            }
+        }
+    }
     names
 }
 

@@ -153,6 +153,43 @@ impl Pair {
     }
 }
 
+impl Pair {
+    /// Adds an 802.1Q subinterface `veth0.VID` on both ends, with 198.18.`third_octet`.1
+    /// and .2/24; returns their name and addresses. IPv6 stays off on it too.
+    pub fn add_vlan(
+        &self,
+        vid: u16,
+        third_octet: u8,
+    ) -> Result<(String, Ipv4Addr, Ipv4Addr), String> {
+        let name = format!("{}.{vid}", self.ifname);
+        let ip_a = Ipv4Addr::new(198, 18, third_octet, 1);
+        let ip_b = Ipv4Addr::new(198, 18, third_octet, 2);
+        for (ns, ip) in [(&self.a, ip_a), (&self.b, ip_b)] {
+            ns.exec(&[
+                "ip",
+                "link",
+                "add",
+                "link",
+                &self.ifname,
+                "name",
+                &name,
+                "type",
+                "vlan",
+                "id",
+                &vid.to_string(),
+            ])?;
+            let _ = ns.exec(&[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{name}.disable_ipv6=1"),
+            ]);
+            ns.exec(&["ip", "addr", "add", &format!("{ip}/24"), "dev", &name])?;
+            ns.exec(&["ip", "link", "set", &name, "up"])?;
+        }
+        Ok((name, ip_a, ip_b))
+    }
+}
+
 /// Waits up to 5 s for `ifname` in `ns` to have its carrier (operstate up).
 fn wait_carrier(ns: &Netns, ifname: &str) -> Result<(), String> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);

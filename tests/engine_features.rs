@@ -1047,3 +1047,110 @@ fn reads_beyond_max_dest_rd_atomic_are_dropped_not_queued() {
     assert!(dropped > 0, "no READ beyond the responder's 2 was dropped");
     println!("{dropped} READ requests dropped beyond max_dest_rd_atomic 2");
 }
+
+/// 802.1Q: a QP whose source GID belongs to a VLAN subinterface sends its frames tagged
+/// with the VLAN (priority from the SL), its peer answers tagged, and a frame for that GID
+/// arriving untagged or on another VLAN is not for the device (rxe takes a frame from the
+/// netdev it came in on and checks the GID against that netdev's).
+#[test]
+fn vlan_gids_send_tagged_frames_and_take_only_their_own_vlan() {
+    use std::net::Ipv4Addr;
+    let vlan = |vid, ip| VlanNetdev {
+        name: format!("veth0.{vid}"),
+        index: 9,
+        vid,
+        ipv4: vec![ip],
+        ipv6: vec![],
+    };
+    let (va, vb) = (
+        Ipv4Addr::new(198, 18, 100, 1),
+        Ipv4Addr::new(198, 18, 100, 2),
+    );
+    let mut ca = config(MAC_A, IP_A, Mtu::Mtu1024, 1);
+    ca.vlans = vec![vlan(100, va)];
+    let mut cb = config(MAC_B, IP_B, Mtu::Mtu1024, 2);
+    cb.vlans = vec![vlan(100, vb)];
+    let (mut a, mut b) = (Engine::new(ca), Engine::new(cb));
+    // fe80, the interface's IPv4, then the VLAN's: index 2.
+    assert_eq!(a.gid_table()[2], gid_of(IpAddr::V4(va)));
+    a.set_neighbor(IpAddr::V4(vb), MAC_B);
+    b.set_neighbor(IpAddr::V4(va), MAC_A);
+    let sa = side(&mut a, QpType::Rc, 1 << 16, 64);
+    let sb = side(&mut b, QpType::Rc, 1 << 16, 64);
+    connect(
+        &mut a,
+        sa.qpn,
+        QpType::Rc,
+        sb.qpn,
+        vb,
+        Mtu::Mtu1024,
+        0x100,
+        0x200,
+        |x| {
+            x.ah_attr.sgid_index = 2;
+            x.ah_attr.sl = 3;
+        },
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        sa.qpn,
+        va,
+        Mtu::Mtu1024,
+        0x200,
+        0x100,
+        |x| {
+            x.ah_attr.sgid_index = 2;
+        },
+    );
+    let mut s = sim(a, b, clean(), clean(), 5);
+    s.link.tap = Some(Vec::new());
+    sa.mem.fill(0, 5000, 0xa5).unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(1, &[sge(&sa, 0, 5000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::read(2, &[sge(&sa, 8192, 5000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let (wa, _, _) = run_for_completions(&mut s, sa.cq, 2, sb.cq, 0, 5);
+    assert_eq!(wa.len(), 2, "{wa:?}");
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    assert_eq!(sb.mem.to_vec(0, 5000).unwrap(), vec![0xa5; 5000]);
+    assert_eq!(sa.mem.to_vec(8192, 5000).unwrap(), vec![0xa5; 5000]);
+    let tap = s.link.tap.take().unwrap();
+    assert!(tap.len() >= 8, "{} frames", tap.len());
+    let mut from_a = None;
+    for (_, fr) in &tap {
+        let f = Frame::parse(fr).unwrap();
+        let tag = f
+            .eth()
+            .vlan
+            .expect("every frame of the VLAN GIDs is tagged");
+        assert_eq!(tag.vid, 100);
+        if f.eth().src == MAC_A {
+            assert_eq!(tag.pcp, 3, "A's SL 3 is its frames' priority");
+            from_a.get_or_insert_with(|| fr.clone());
+        } else {
+            assert_eq!(tag.pcp, 0);
+        }
+    }
+    // One of A's requests again, untagged (the tag's 4 bytes cut out), then on VLAN 200:
+    // neither is for B.
+    let tagged = from_a.unwrap();
+    let mut untagged = tagged[..12].to_vec();
+    untagged.extend_from_slice(&tagged[16..]);
+    let mut other = tagged.clone();
+    // VID 200 (0x0c8): the PCP and DEI bits kept.
+    other[14] &= 0xf0;
+    other[15] = 200;
+    let before = s.b.counters().drop_not_for_us;
+    let now = s.now;
+    s.b.handle_frame(now, &untagged);
+    s.b.handle_frame(now, &other);
+    assert_eq!(s.b.counters().drop_not_for_us, before + 2);
+}

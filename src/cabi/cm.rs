@@ -907,7 +907,9 @@ pub extern "C" fn rdma_resolve_addr(
         let mac = if hub.rt.info().gids.contains(&gid_of(dst.ip())) {
             Some(hub.rt.info().mac)
         } else {
-            crate::host::resolve_neighbor(&hub.netdev, dst.ip(), wait)
+            let names = hub.rt.netdevs();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            crate::host::resolve_neighbor_on(&names, dst.ip(), wait)
         };
         let mut s = i.st();
         s.dst = Some(dst);

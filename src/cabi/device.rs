@@ -719,14 +719,17 @@ pub extern "C" fn _ibv_query_gid_ex(
     })
 }
 
+/// One GID table entry; a VLAN subinterface's GID names that netdev, as the kernel's
+/// GID attributes do (rdma_cm and `show_gids` find the VLAN from it).
 fn gid_entry(c: &Context, index: u32) -> Option<ibv_gid_entry> {
-    let g = c.hub.rt.gid(u8::try_from(index).ok()?)?;
+    let i = u8::try_from(index).ok()?;
+    let g = c.hub.rt.gid(i)?;
     Some(ibv_gid_entry {
         gid: ibv_gid { raw: g },
         gid_index: index,
         port_num: 1,
         gid_type: IBV_GID_TYPE_ROCE_V2,
-        ndev_ifindex: c.hub.ifindex,
+        ndev_ifindex: c.hub.rt.gid_vlan(i).map_or(c.hub.ifindex, |v| v.index),
     })
 }
 

@@ -710,8 +710,8 @@ pub extern "C" fn ibv_create_ah_from_wc(
 }
 
 /// `ibv_resolve_eth_l2_from_gid`: the next hop's MAC for an address (the kernel's
-/// neighbour table, resolved if missing, 3 s at most as rdma-core waits); `vid` 0xffff
-/// (no VLAN).
+/// neighbour table, resolved if missing, 3 s at most as rdma-core waits); `vid` the
+/// source GID's VLAN, 0xffff for none (as rdma-core's).
 #[unsafe(no_mangle)]
 pub extern "C" fn ibv_resolve_eth_l2_from_gid(
     context_: *mut ibv_context,
@@ -736,11 +736,12 @@ pub extern "C" fn ibv_resolve_eth_l2_from_gid(
             return -libc::EHOSTUNREACH;
         }
         let mac = av.dmac.unwrap_or([0; 6]);
+        let vlan = c.hub.rt.gid_vlan(av.sgid_index).map_or(0xffff, |v| v.vid);
         // SAFETY: the caller gives 6 bytes for the MAC, and a u16 or NULL for the VLAN.
         unsafe {
             std::ptr::copy_nonoverlapping(mac.as_ptr(), eth_mac, 6);
             if !vid.is_null() {
-                *vid = 0xffff;
+                *vid = vlan;
             }
         }
         0

@@ -763,10 +763,13 @@ impl Cm {
         }
         self.counters.mads_rcvd += 1;
         let src_ip = f.ip().src();
+        // The GID the MAD came to, on the VLAN it came on: answers leave from it.
+        let vid = super::vid_of(f);
         let Some(sgid_index) = ctx
             .gids
             .iter()
-            .position(|g| ip_of(g) == f.ip().dst())
+            .zip(&ctx.gid_vlans)
+            .position(|(g, v)| ip_of(g) == f.ip().dst() && *v == vid)
             .and_then(|i| u8::try_from(i).ok())
         else {
             self.counters.drop_malformed += 1;

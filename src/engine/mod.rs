@@ -45,6 +45,11 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+/// The VLAN a frame came on (a priority tag, VID 0, is none).
+pub(crate) fn vid_of(f: &Frame<'_>) -> Option<u16> {
+    f.eth().vlan.map(|t| t.vid).filter(|v| *v != 0)
+}
+
 /// The lowest QPN handed out, as rxe's (QP1 takes the pool index before it).
 pub const FIRST_QPN: u32 = 0x11;
 
@@ -136,6 +141,8 @@ pub(crate) struct Pd {
 pub(crate) struct Ctx {
     pub cfg: DeviceConfig,
     pub gids: Vec<Gid>,
+    /// The VLAN each GID's frames carry (`None`: untagged), by GID index.
+    pub gid_vlans: Vec<Option<u16>>,
     pub rng: Rng,
     pub mrs: MrTable,
     pub pds: Slab<Pd>,
@@ -208,12 +215,15 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(cfg: DeviceConfig) -> Engine {
-        let gids = cfg.gid_table();
+        let entries = cfg.gid_entries();
+        let gids = entries.iter().map(|e| e.gid).collect();
+        let gid_vlans = entries.iter().map(|e| e.vlan).collect();
         let rng = Rng::new(cfg.seed);
         let next_qpn = first_qpn(cfg.seed);
         Engine {
             ctx: Ctx {
                 gids,
+                gid_vlans,
                 rng,
                 mrs: MrTable::default(),
                 pds: Slab::default(),
@@ -793,7 +803,7 @@ impl Engine {
         if self.ctx.cfg.udp_link || frame.get(..6) != Some(&self.ctx.cfg.mac[..]) {
             return false;
         }
-        Frame::parse(frame).is_ok_and(|f| self.ctx.cfg.owns(f.ip().dst()))
+        Frame::parse(frame).is_ok_and(|f| self.ctx.cfg.owns_on(f.ip().dst(), vid_of(&f)))
     }
 
     /// The destination QP of a RoCEv2 frame that is not one of this engine's QPs (the
@@ -1049,7 +1059,7 @@ impl Engine {
             }
         };
         let dst_mac = f.eth().dst;
-        if dst_mac != self.ctx.cfg.mac || !self.ctx.cfg.owns(f.ip().dst()) {
+        if dst_mac != self.ctx.cfg.mac || !self.ctx.cfg.owns_on(f.ip().dst(), vid_of(&f)) {
             c.drop_not_for_us += 1;
             return;
         }

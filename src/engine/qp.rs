@@ -63,10 +63,22 @@ pub(crate) fn resolve_path(ctx: &Ctx, av: &AddressVector, sport: u16) -> Result<
     } else {
         sport
     };
+    // A GID of a VLAN subinterface: its frames carry the tag, the priority from the SL
+    // (as a NIC maps SL to the 802.1p class).
+    let vlan = ctx
+        .gid_vlans
+        .get(usize::from(av.sgid_index))
+        .copied()
+        .flatten()
+        .map(|vid| crate::wire::VlanTag {
+            pcp: av.sl & 7,
+            dei: false,
+            vid,
+        });
     let eth = EthRepr {
         dst: dmac,
         src: ctx.cfg.mac,
-        vlan: None,
+        vlan,
         ethertype: 0,
     };
     let hop = if av.hop_limit == 0 { 64 } else { av.hop_limit };

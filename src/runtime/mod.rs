@@ -206,6 +206,10 @@ pub enum RuntimeError {
 pub struct DeviceInfo {
     pub mac: [u8; 6],
     pub gids: Vec<Gid>,
+    /// The VLAN of each GID (`None`: untagged), by index.
+    pub gid_vlans: Vec<Option<u16>>,
+    /// The port's 802.1Q subinterfaces (their addresses are among the GIDs).
+    pub vlans: Vec<crate::verbs::VlanNetdev>,
     pub port_mtu: Mtu,
     pub limits: crate::verbs::DeviceLimits,
     /// One line: the link and its modes.
@@ -1248,11 +1252,16 @@ impl Device {
             return Err(RuntimeError::Setup("no interface to resolve on".into()));
         };
         let netns = self.sh.netns.clone();
+        let vlans: Vec<String> = self.sh.info.vlans.iter().map(|v| v.name.clone()).collect();
         let mac = std::thread::spawn(move || {
             if let Some(ns) = &netns {
                 crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
             }
-            crate::host::resolve_neighbor(&ifname, ip, Duration::from_secs(3)).ok_or_else(|| {
+            let names: Vec<&str> = std::iter::once(ifname.as_str())
+                .chain(vlans.iter().map(String::as_str))
+                .collect();
+            let wait = Duration::from_secs(3);
+            crate::host::resolve_neighbor_on(&names, ip, wait).ok_or_else(|| {
                 format!(
                     "no neighbour entry for {ip} on {ifname} and no answer to ARP/ND within 3 s"
                 )
@@ -1507,6 +1516,24 @@ impl Device {
             c.add(&self.call_on(k, |l| *l.engine.counters())?);
         }
         Ok(c)
+    }
+
+    /// The names of the interfaces the port's neighbours are on: its own and its VLAN
+    /// subinterfaces'.
+    pub fn netdevs(&self) -> Vec<String> {
+        self.sh
+            .info
+            .ifname
+            .iter()
+            .cloned()
+            .chain(self.sh.info.vlans.iter().map(|v| v.name.clone()))
+            .collect()
+    }
+
+    /// The VLAN subinterface a GID belongs to (`None`: the port's own interface).
+    pub fn gid_vlan(&self, index: u8) -> Option<&crate::verbs::VlanNetdev> {
+        let vid = (*self.sh.info.gid_vlans.get(usize::from(index))?)?;
+        self.sh.info.vlans.iter().find(|v| v.vid == vid)
     }
 
     /// The GID at `index`.

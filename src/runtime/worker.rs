@@ -234,7 +234,8 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
                     _ => None,
                 })
                 .collect();
-            if v4.is_empty() && v6.is_empty() {
+            let vlans = vlans_of(ifname)?;
+            if v4.is_empty() && v6.is_empty() && vlans.is_empty() {
                 return Err(format!(
                     "{ifname} has no IP address: add one (ip addr add ... dev {ifname})"
                 ));
@@ -256,6 +257,7 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
             let mut d = DeviceConfig::new(mac, v4.first().copied().unwrap_or([0; 4].into()));
             d.ipv4 = v4;
             d.ipv6 = v6;
+            d.vlans = vlans;
             d.port_mtu = port_mtu;
             d.seed = random_seed();
             Ok((d, Some(ifname.clone())))
@@ -277,6 +279,39 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
     }
 }
 
+/// The 802.1Q subinterfaces of `ifname` that have an address: their addresses are GIDs
+/// of the port (a VLAN device's frames come and go through its parent, tagged).
+fn vlans_of(ifname: &str) -> Result<Vec<crate::verbs::VlanNetdev>, String> {
+    let all = crate::host::all_addresses().map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (name, vid) in crate::host::vlan_subinterfaces(ifname) {
+        let Ok(ifc) = crate::host::Interface::find(&name) else {
+            continue;
+        };
+        let mut v = crate::verbs::VlanNetdev {
+            name: name.clone(),
+            index: ifc.index,
+            vid,
+            ipv4: vec![],
+            ipv6: vec![],
+        };
+        for (n, a) in &all {
+            match a {
+                IpAddr::V4(x) if *n == name => v.ipv4.push(*x),
+                IpAddr::V6(x) if *n == name => v.ipv6.push(*x),
+                _ => {}
+            }
+        }
+        if !v.ipv4.is_empty() || !v.ipv6.is_empty() {
+            out.push(v);
+        }
+    }
+    out.sort_by_key(|v| v.vid);
+    Ok(out)
+}
+
+/// The addresses the XDP program hands to the engine: the interface's, its link-local
+/// one, and its VLAN subinterfaces'.
 fn addresses(d: &DeviceConfig) -> Vec<IpAddr> {
     d.ipv4
         .iter()
@@ -285,6 +320,12 @@ fn addresses(d: &DeviceConfig) -> Vec<IpAddr> {
         .chain(std::iter::once(IpAddr::V6(
             crate::verbs::device::link_local_of(d.mac),
         )))
+        .chain(d.vlans.iter().flat_map(|v| {
+            v.ipv4
+                .iter()
+                .map(|a| IpAddr::V4(*a))
+                .chain(v.ipv6.iter().map(|a| IpAddr::V6(*a)))
+        }))
         .collect()
 }
 
@@ -319,6 +360,8 @@ fn setup(cfg: &RuntimeConfig) -> Result<Setup, String> {
     let info = DeviceInfo {
         mac: dcfg.mac,
         gids: engine.gid_table().to_vec(),
+        gid_vlans: dcfg.gid_entries().iter().map(|e| e.vlan).collect(),
+        vlans: dcfg.vlans.clone(),
         port_mtu: dcfg.port_mtu,
         limits: dcfg.limits,
         link: l.get().describe(),

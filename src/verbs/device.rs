@@ -97,6 +97,30 @@ impl Default for DeviceLimits {
     }
 }
 
+/// An 802.1Q subinterface of the port's interface (`ip link add link eth0 name eth0.100
+/// type vlan id 100`). Its addresses are GIDs of the port, after the interface's own, and
+/// the frames of a QP or AH using one carry its tag; a frame for one arrives tagged with
+/// its VID. rxe does the same with the GIDs of a VLAN upper device (the kernel's
+/// `roce_gid_mgmt` adds them with the VLAN as a GID attribute).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VlanNetdev {
+    /// The subinterface's name, on which its neighbours are resolved.
+    pub name: String,
+    pub index: u32,
+    /// Its VLAN ID (1-4094).
+    pub vid: u16,
+    pub ipv4: Vec<Ipv4Addr>,
+    /// Its IPv6 addresses, its link-local one included (a VLAN device has its own).
+    pub ipv6: Vec<Ipv6Addr>,
+}
+
+/// One GID table entry: the GID and the VLAN its frames carry (`None`: untagged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GidEntry {
+    pub gid: Gid,
+    pub vlan: Option<u16>,
+}
+
 /// How a device is set up.
 #[derive(Debug, Clone)]
 pub struct DeviceConfig {
@@ -107,6 +131,8 @@ pub struct DeviceConfig {
     /// Global IPv6 addresses, one GID each. The link-local GID at index 0 is derived from
     /// the MAC.
     pub ipv6: Vec<Ipv6Addr>,
+    /// 802.1Q subinterfaces whose addresses are GIDs too.
+    pub vlans: Vec<VlanNetdev>,
     /// The active IB MTU of the port (what the netdev MTU allows).
     pub port_mtu: Mtu,
     pub limits: DeviceLimits,
@@ -138,6 +164,7 @@ impl DeviceConfig {
             mac,
             ipv4: vec![ipv4],
             ipv6: vec![],
+            vlans: vec![],
             port_mtu: Mtu::Mtu1024,
             limits: DeviceLimits::default(),
             seed: 0x5eed,
@@ -149,19 +176,60 @@ impl DeviceConfig {
     }
 
     /// The GID table: index 0 the link-local IPv6 GID (as rxe), then one per IPv4 address,
-    /// then one per global IPv6 address.
-    pub fn gid_table(&self) -> Vec<Gid> {
-        let mut t = vec![link_local_of(self.mac).octets()];
-        t.extend(self.ipv4.iter().map(|a| gid_of(IpAddr::V4(*a))));
-        t.extend(self.ipv6.iter().map(|a| gid_of(IpAddr::V6(*a))));
+    /// then one per global IPv6 address; then each VLAN subinterface's the same way
+    /// (link-local first), tagged with its VID.
+    pub fn gid_entries(&self) -> Vec<GidEntry> {
+        let untagged = |gid| GidEntry { gid, vlan: None };
+        let mut t = vec![untagged(link_local_of(self.mac).octets())];
+        t.extend(self.ipv4.iter().map(|a| untagged(gid_of(IpAddr::V4(*a)))));
+        t.extend(self.ipv6.iter().map(|a| untagged(gid_of(IpAddr::V6(*a)))));
+        for v in &self.vlans {
+            let tagged = |ip| GidEntry {
+                gid: gid_of(ip),
+                vlan: Some(v.vid),
+            };
+            let (local, global): (Vec<Ipv6Addr>, Vec<Ipv6Addr>) =
+                v.ipv6.iter().partition(|a| a.segments()[0] == 0xfe80);
+            t.extend(local.iter().map(|a| tagged(IpAddr::V6(*a))));
+            t.extend(v.ipv4.iter().map(|a| tagged(IpAddr::V4(*a))));
+            t.extend(global.iter().map(|a| tagged(IpAddr::V6(*a))));
+        }
         t
+    }
+
+    /// The GIDs of [`gid_entries`](Self::gid_entries), in its order.
+    pub fn gid_table(&self) -> Vec<Gid> {
+        self.gid_entries().iter().map(|e| e.gid).collect()
     }
 
     /// True when `ip` is one of this device's addresses (the link-local one included).
     pub fn owns(&self, ip: IpAddr) -> bool {
-        match ip {
+        let own = match ip {
             IpAddr::V4(a) => self.ipv4.contains(&a),
             IpAddr::V6(a) => a == link_local_of(self.mac) || self.ipv6.contains(&a),
+        };
+        own || self.vlans.iter().any(|v| v.owns(ip))
+    }
+
+    /// True when `ip` is this device's address on the VLAN `vid` (`None` or VID 0, a
+    /// priority tag: untagged), as a frame to it must arrive: rxe takes a frame from the
+    /// netdev it came in on and checks the GID against that netdev's.
+    pub fn owns_on(&self, ip: IpAddr, vid: Option<u16>) -> bool {
+        match vid.filter(|v| *v != 0) {
+            None => match ip {
+                IpAddr::V4(a) => self.ipv4.contains(&a),
+                IpAddr::V6(a) => a == link_local_of(self.mac) || self.ipv6.contains(&a),
+            },
+            Some(vid) => self.vlans.iter().any(|v| v.vid == vid && v.owns(ip)),
+        }
+    }
+}
+
+impl VlanNetdev {
+    fn owns(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(a) => self.ipv4.contains(&a),
+            IpAddr::V6(a) => self.ipv6.contains(&a),
         }
     }
 }
@@ -182,6 +250,47 @@ pub struct PortAttr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vlan_gids_follow_the_interface_s_and_match_only_on_their_vlan() {
+        let mut c = DeviceConfig::new([0x52, 0x54, 0, 0, 0, 1], Ipv4Addr::new(198, 18, 0, 1));
+        let ll: Ipv6Addr = "fe80::5054:ff:fe00:1".parse().unwrap();
+        let v4 = Ipv4Addr::new(198, 18, 1, 1);
+        let v6: Ipv6Addr = "2001:2::1:1".parse().unwrap();
+        c.vlans = vec![VlanNetdev {
+            name: "eth0.100".into(),
+            index: 7,
+            vid: 100,
+            ipv4: vec![v4],
+            ipv6: vec![v6, ll],
+        }];
+        let t = c.gid_entries();
+        let want = [
+            (gid_of(IpAddr::V6(ll)), None),
+            (gid_of(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1))), None),
+            (gid_of(IpAddr::V6(ll)), Some(100)),
+            (gid_of(IpAddr::V4(v4)), Some(100)),
+            (gid_of(IpAddr::V6(v6)), Some(100)),
+        ];
+        assert_eq!(
+            t.iter().map(|e| (e.gid, e.vlan)).collect::<Vec<_>>(),
+            want.to_vec()
+        );
+        assert!(c.owns(IpAddr::V4(v4)));
+        assert!(c.owns_on(IpAddr::V4(v4), Some(100)));
+        assert!(
+            !c.owns_on(IpAddr::V4(v4), None),
+            "a VLAN's address, untagged"
+        );
+        assert!(
+            !c.owns_on(IpAddr::V4(v4), Some(0)),
+            "VID 0 is a priority tag"
+        );
+        assert!(!c.owns_on(IpAddr::V4(v4), Some(200)));
+        assert!(c.owns_on(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), Some(0)));
+        assert!(!c.owns_on(IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)), Some(100)));
+        assert!(c.owns_on(IpAddr::V6(ll), Some(100)) && c.owns_on(IpAddr::V6(ll), None));
+    }
 
     #[test]
     fn gids() {

@@ -15,7 +15,7 @@ pub mod types;
 pub mod wr;
 
 pub use cq::{Cq, Srq};
-pub use device::{DeviceConfig, DeviceLimits, Gid, PortAttr};
+pub use device::{DeviceConfig, DeviceLimits, Gid, GidEntry, PortAttr, VlanNetdev};
 pub use mr::{Memory, MrInfo};
 pub use qp::{AddressVector, QpAttr, QpCap, QpInitAttr};
 pub use types::{
