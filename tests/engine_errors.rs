@@ -426,3 +426,66 @@ fn a_long_read_recovers_from_losses_on_a_slow_link() {
     assert_eq!(c.timeouts, 0, "{c}");
     assert!(c.completer_retry_err <= 3, "{c}");
 }
+
+/// A full send queue is an error at the API (`QueueFull`, ENOMEM at the C ABI), never a
+/// hang or a lost WR: the WRs already posted complete once the peer answers, and the
+/// queue takes new ones as they do.
+#[test]
+fn a_full_send_queue_refuses_the_next_wr_and_recovers() {
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 61);
+    let pd = a.alloc_pd().unwrap();
+    let cq = a.create_cq(64).unwrap();
+    let mem = Memory::new(1 << 16);
+    let mr = a.reg_mr(pd, &mem, 0, 1 << 16, ALL_ACCESS).unwrap();
+    let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
+    init.cap.max_send_wr = 4;
+    let qpn = a.create_qp(&init).unwrap();
+    let sb = side(&mut b, QpType::Rc, 1 << 16, 64);
+    connect(
+        &mut a,
+        qpn,
+        QpType::Rc,
+        sb.qpn,
+        IP_B,
+        Mtu::Mtu1024,
+        1,
+        2,
+        |_| {},
+    );
+    connect(
+        &mut b,
+        sb.qpn,
+        QpType::Rc,
+        qpn,
+        IP_A,
+        Mtu::Mtu1024,
+        2,
+        1,
+        |_| {},
+    );
+    let sg = Sge {
+        addr: mr.addr,
+        length: 1000,
+        lkey: mr.lkey,
+    };
+    let w = |id| SendWr::write(id, &[sg], sb.mr.addr, sb.mr.rkey);
+    for id in 0..4 {
+        a.post_send(qpn, &w(id)).unwrap();
+    }
+    // Nothing has run yet: the fifth finds the queue full.
+    match a.post_send(qpn, &w(4)) {
+        Err(Error::QueueFull {
+            what: "send",
+            depth: 4,
+            ..
+        }) => {}
+        r => panic!("{r:?}"),
+    }
+    let mut s = sim(a, b, LinkConfig::default(), LinkConfig::default(), 61);
+    let (wa, _, _) = run_for_completions(&mut s, cq, 4, sb.cq, 0, 5);
+    assert_eq!(wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    s.a.post_send(qpn, &w(5)).unwrap();
+    let (wa, _, _) = run_for_completions(&mut s, cq, 1, sb.cq, 0, 5);
+    assert_eq!((wa[0].wr_id, wa[0].status), (5, WcStatus::Success));
+}

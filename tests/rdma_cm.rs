@@ -238,17 +238,7 @@ fn event_channels_keep_their_count_and_drop_a_destroyed_id_s_events() {
     }
     let pair = Pair::new("rcmd", 54, 1500).unwrap();
     let dir = std::env::temp_dir().join(format!("roce-cm-channel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let prog = dir.join("cm_channel");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cm_channel.c");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(src)
-        .args(["-lrdmacm", "-libverbs", "-lpthread"])
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "cc failed on {src}");
+    let prog = c_program("cm_channel", &dir, &["-lrdmacm", "-libverbs"]);
     let a = pair.ip_a.to_string();
     let (ok, out) = Child::spawn(run_in(&pair.a, &[], &[prog.to_str().unwrap(), &a])).finish(60);
     println!("{out}");

@@ -13,7 +13,6 @@ use common::cabi::*;
 use common::rt::*;
 use roce_xdp::netns::{Netns, Pair};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Waits until something listens on TCP `port` in `ns` (a server's exchange socket).
@@ -79,19 +78,8 @@ fn pair_try(
 }
 
 /// Builds tests/c/verbs_api.c against the system's headers and libibverbs.
-fn c_program(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let out = dir.join("verbs_api");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/verbs_api.c");
-    let st = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(&out)
-        .arg(src)
-        .args(["-libverbs", "-lpthread"])
-        .status()
-        .expect("running cc");
-    assert!(st.success(), "cc failed on {src}");
-    out
+fn verbs_api(dir: &Path) -> PathBuf {
+    c_program("verbs_api", dir, &["-libverbs"])
 }
 
 #[test]
@@ -101,7 +89,7 @@ fn c_program_walks_the_api_and_its_error_paths() {
     }
     let pair = Pair::new("rva", 40, 1500).unwrap();
     let dir = std::env::temp_dir().join(format!("roce-verbs-api-{}", std::process::id()));
-    let prog = c_program(&dir);
+    let prog = verbs_api(&dir);
     let c = run_in(&pair.a, &[], &[prog.to_str().unwrap(), "rxdp_veth0", "1"]);
     let (ok, out) = Child::spawn(c).finish(120);
     println!("{out}");
@@ -128,7 +116,7 @@ fn c_program_over_the_udp_link_without_root() {
     }
     let pair = Pair::new("rvu", 41, 1500).unwrap();
     let dir = std::env::temp_dir().join(format!("roce-verbs-udp-{}", std::process::id()));
-    let prog = public(&c_program(&dir), &dir);
+    let prog = public(&verbs_api(&dir), &dir);
     let exe = public(Path::new(bin()), &dir);
     let l = public(&lib(), &dir);
     let mut c = pair.a.command("setpriv");

@@ -62,3 +62,21 @@ pub fn assert_no_xdp_left(pair: &Pair) {
         );
     }
 }
+
+/// Builds `tests/c/NAME.c` into `dir` against the system's headers, linked with `libs`
+/// (`-lrdmacm`, ...): the binary's path.
+pub fn c_program(name: &str, dir: &Path, libs: &[&str]) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let out = dir.join(name);
+    let src = format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let st = std::process::Command::new("cc")
+        .args(["-O2", "-Wall", "-Werror", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(libs)
+        .arg("-lpthread")
+        .status()
+        .expect("running cc");
+    assert!(st.success(), "cc failed on {src}");
+    out
+}
