@@ -115,6 +115,28 @@ enum BenchCmd {
     /// B's QP with a bad ICRC) while A writes to B: flooded against clean goodput,
     /// interleaved, every flood frame's drop counted, every byte compared (root).
     Flood(FloodArgs),
+    /// Round trips of small messages between two namespaces: the kernel's UDP sockets,
+    /// RC SEND ping-pong, and the same busy-polling, interleaved, with their ratios (root).
+    Latency(LatencyArgs),
+}
+
+#[derive(Args)]
+struct LatencyArgs {
+    /// Round trips per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    iters: usize,
+    /// Repetitions (each measures the three in turn).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 64)]
+    size: usize,
+    /// 2000 round trips, one repetition (for CI: seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -552,6 +574,35 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => failed("bench flood", &e),
+            }
+        }
+        BenchCmd::Latency(a) => {
+            let mut o = apps::bench::latency::LatencyOpts {
+                iters: a.iters,
+                reps: a.reps,
+                size: a.size,
+            };
+            if a.quick {
+                o.iters = o.iters.min(2000);
+                o.reps = 1;
+            }
+            let json = a.json;
+            let r = apps::bench::latency::latency(&o, &mut |l| {
+                if !json {
+                    println!("{l}");
+                }
+            });
+            match r {
+                Ok(r) if json => {
+                    println!("{}", r.to_json());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    println!();
+                    print!("{}", r.table());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => failed("bench latency", &e),
             }
         }
     }

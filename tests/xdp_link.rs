@@ -1423,3 +1423,46 @@ fn vlan_subinterface_gids_carry_tagged_traffic() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `bench latency --quick`: the report is well formed (a benchmark, not a timed test:
+/// only that every figure was measured is checked, never how fast).
+#[test]
+fn bench_latency_reports_every_round_trip_figure() {
+    if !need_root() {
+        return;
+    }
+    let out = std::process::Command::new(bin())
+        .args(["bench", "latency", "--quick", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(j["bench"], "latency");
+    assert_eq!(
+        (j["iters"].as_u64(), j["message_size"].as_u64()),
+        (Some(2000), Some(64))
+    );
+    let reps = j["reps"].as_array().unwrap();
+    assert_eq!(reps.len(), 1);
+    for k in ["kernel_udp", "rc_send", "rc_send_busy_poll"] {
+        let (m, p) = (
+            reps[0][k]["median_us"].as_f64().unwrap(),
+            reps[0][k]["p99_us"].as_f64().unwrap(),
+        );
+        assert!(m > 0.0 && p >= m, "{k}: median {m}, p99 {p}");
+    }
+    for k in ["rc_to_udp", "rc_busy_poll_to_udp"] {
+        assert!(j[k].as_f64().unwrap() > 0.0, "{k}");
+    }
+    assert!(
+        j["link"].as_str().unwrap().contains("AF_XDP"),
+        "{}",
+        j["link"]
+    );
+}

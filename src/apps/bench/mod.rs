@@ -2,11 +2,16 @@
 //! measured side by side in one run, interleaved, with their ratios (absolute figures
 //! drift between runs and machines; ratios in one run are what count).
 //!
+//! `bench latency` ([`latency`]): 64 B round trips, the kernel's UDP sockets beside RC
+//! SENDs, default and busy-polling.
+//!
 //! `bench flood`: a third host on the segment sends frames at engine B, half to QPs that
 //! do not exist and half to B's real QP with a bad ICRC, while A writes to B. What it
 //! shows: how much of the clean goodput B keeps under the flood, that every flood frame
 //! is dropped under its reason, that the transfer stays byte-exact, and that B's memory
 //! does not grow.
+
+pub mod latency;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
 use super::progress::Progress;
@@ -81,7 +86,7 @@ pub struct FloodReport {
     pub link: String,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
 }

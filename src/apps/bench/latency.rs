@@ -1,0 +1,314 @@
+//! `bench latency`: round trips of small messages between two network namespaces on a
+//! veth pair, measured side by side in one run, interleaved: the kernel's UDP sockets
+//! (the ceiling a userspace NIC should beat), roce-xdp's RC SEND ping-pong (each side
+//! waits for its completions, as `ibv_rc_pingpong` does), and the same with the engines
+//! busy-polling (`--busy-poll`). Medians and 99th percentiles per repetition, and the
+//! ratios to the kernel's.
+
+use super::super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
+use super::median;
+use crate::netns::Pair;
+use crate::runtime::{Device, RuntimeConfig};
+use crate::verbs::{QpType, RecvWr, SendFlags, SendWr};
+use crossbeam::channel as mpsc;
+use std::net::{IpAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// What `bench latency` does.
+#[derive(Debug, Clone)]
+pub struct LatencyOpts {
+    /// Round trips per measurement.
+    pub iters: usize,
+    /// Repetitions, each measuring the three in turn.
+    pub reps: usize,
+    /// Message size in bytes.
+    pub size: usize,
+}
+
+impl Default for LatencyOpts {
+    fn default() -> Self {
+        LatencyOpts {
+            iters: 20_000,
+            reps: 3,
+            size: 64,
+        }
+    }
+}
+
+/// One measurement's round trips, microseconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rtt {
+    pub median_us: f64,
+    pub p99_us: f64,
+}
+
+impl Rtt {
+    fn of(mut v: Vec<Duration>) -> Rtt {
+        v.sort_unstable();
+        let at = |q: f64| {
+            v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
+                .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+        };
+        Rtt {
+            median_us: at(0.5),
+            p99_us: at(0.99),
+        }
+    }
+}
+
+/// One repetition: the three, measured one after the other.
+#[derive(Debug, Clone, Copy)]
+pub struct LatencyRep {
+    pub udp: Rtt,
+    pub rc: Rtt,
+    pub rc_busy: Rtt,
+}
+
+/// What `bench latency` prints.
+#[derive(Debug, Clone)]
+pub struct LatencyReport {
+    pub opts: LatencyOpts,
+    pub reps: Vec<LatencyRep>,
+    /// The link, as the engine describes it.
+    pub link: String,
+}
+
+impl LatencyReport {
+    /// Median over the repetitions of (RC median / UDP median), default or busy-polling.
+    pub fn ratio(&self, busy: bool) -> f64 {
+        median(
+            self.reps
+                .iter()
+                .map(|r| {
+                    let rc = if busy { r.rc_busy } else { r.rc };
+                    rc.median_us / r.udp.median_us.max(1e-9)
+                })
+                .collect(),
+        )
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "roce-xdp bench latency: {} B round trips between two namespaces on veth, {} per \
+             measurement; {}\n\n",
+            self.opts.size, self.opts.iters, self.link
+        );
+        s.push_str(
+            "rep  kernel UDP us (median p99)  RC SEND us (median p99)  RC SEND busy-poll us (median p99)\n",
+        );
+        for (i, r) in self.reps.iter().enumerate() {
+            s.push_str(&format!(
+                "{:<4} {:>13.1} {:>9.1}     {:>11.1} {:>9.1}     {:>13.1} {:>9.1}\n",
+                i + 1,
+                r.udp.median_us,
+                r.udp.p99_us,
+                r.rc.median_us,
+                r.rc.p99_us,
+                r.rc_busy.median_us,
+                r.rc_busy.p99_us
+            ));
+        }
+        s.push_str(&format!(
+            "\nRC SEND round trip / kernel UDP round trip (medians): {:.2}; busy-polling: {:.2}\n",
+            self.ratio(false),
+            self.ratio(true)
+        ));
+        s
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let rtt = |r: &Rtt| serde_json::json!({"median_us": r.median_us, "p99_us": r.p99_us});
+        serde_json::json!({
+            "bench": "latency",
+            "message_size": self.opts.size,
+            "iters": self.opts.iters,
+            "link": self.link,
+            "reps": self.reps.iter().map(|r| serde_json::json!({
+                "kernel_udp": rtt(&r.udp),
+                "rc_send": rtt(&r.rc),
+                "rc_send_busy_poll": rtt(&r.rc_busy),
+            })).collect::<Vec<_>>(),
+            "rc_to_udp": self.ratio(false),
+            "rc_busy_poll_to_udp": self.ratio(true),
+        })
+    }
+}
+
+/// Runs `bench latency` (root: it creates two namespaces).
+pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyReport, String> {
+    if o.iters == 0 || o.reps == 0 {
+        return Err("--iters and --reps must be at least 1".into());
+    }
+    if !(1..=4096).contains(&o.size) {
+        return Err(format!("--size {}: 1 to 4096 bytes", o.size));
+    }
+    crate::netns::available()?;
+    crate::host::check_xdp_privileges()?;
+    let pair = Pair::new("roce-lat", 21, 1500)?;
+    say(&format!(
+        "A {} ({}), B {} ({}) on {}",
+        pair.a.name, pair.ip_a, pair.b.name, pair.ip_b, pair.ifname
+    ));
+    // Warm-up: neighbours resolved, code paged in.
+    udp_pingpong(&pair, o.size, o.iters.min(200))?;
+    let mut link = String::new();
+    rc_pingpong(&pair, false, o.size, o.iters.min(200), &mut link)?;
+    let mut reps = Vec::new();
+    for rep in 0..o.reps {
+        let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
+        let rc = Rtt::of(rc_pingpong(&pair, false, o.size, o.iters, &mut link)?);
+        let rc_busy = Rtt::of(rc_pingpong(
+            &pair,
+            true,
+            o.size,
+            o.iters,
+            &mut String::new(),
+        )?);
+        say(&format!(
+            "rep {}: kernel UDP {:.1} us, RC SEND {:.1} us, busy-polling {:.1} us (medians)",
+            rep + 1,
+            udp.median_us,
+            rc.median_us,
+            rc_busy.median_us
+        ));
+        reps.push(LatencyRep { udp, rc, rc_busy });
+    }
+    Ok(LatencyReport {
+        opts: o.clone(),
+        reps,
+        link,
+    })
+}
+
+/// The longest a single round trip may take before the measurement fails.
+const STALL: Duration = Duration::from_secs(2);
+
+/// `iters` round trips of `size` bytes between UDP sockets, A's in the first namespace,
+/// an echo in the second.
+fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>, String> {
+    let (ready_tx, ready_rx) = mpsc::bounded(1);
+    let (ns_b, ip_b) = (pair.b.name.clone(), IpAddr::V4(pair.ip_b));
+    let echo = std::thread::spawn(move || -> Result<(), String> {
+        let s = (|| {
+            crate::host::enter_netns(&ns_b).map_err(|e| e.to_string())?;
+            let s = UdpSocket::bind((ip_b, 0)).map_err(|e| format!("UDP echo: {e}"))?;
+            s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
+            Ok::<_, String>(s)
+        })();
+        let s = match s {
+            Ok(s) => {
+                let _ = ready_tx.send(s.local_addr().map(|a| a.port()).map_err(|e| e.to_string()));
+                s
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return Ok(());
+            }
+        };
+        let mut buf = vec![0u8; 65536];
+        for _ in 0..iters {
+            let (n, from) = s
+                .recv_from(&mut buf)
+                .map_err(|e| format!("UDP echo: {e}"))?;
+            s.send_to(&buf[..n], from)
+                .map_err(|e| format!("UDP echo: {e}"))?;
+        }
+        Ok(())
+    });
+    let port = ready_rx
+        .recv()
+        .map_err(|_| "the UDP echo thread ended".to_string())??;
+    let (ns_a, ip_a) = (pair.a.name.clone(), IpAddr::V4(pair.ip_a));
+    let client = std::thread::spawn(move || -> Result<Vec<Duration>, String> {
+        crate::host::enter_netns(&ns_a).map_err(|e| e.to_string())?;
+        let s = UdpSocket::bind((ip_a, 0)).map_err(|e| format!("UDP client: {e}"))?;
+        s.connect((ip_b, port)).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
+        let msg = vec![0x5au8; size];
+        let mut buf = vec![0u8; 65536];
+        let mut rtts = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            s.send(&msg).map_err(|e| format!("UDP client: {e}"))?;
+            let n = s.recv(&mut buf).map_err(|e| format!("UDP client: {e}"))?;
+            rtts.push(t.elapsed());
+            if n != size {
+                return Err(format!("UDP echo answered {n} bytes for {size}"));
+            }
+        }
+        Ok(rtts)
+    });
+    let rtts = client
+        .join()
+        .map_err(|_| "the UDP client thread panicked".to_string())?;
+    echo.join()
+        .map_err(|_| "the UDP echo thread panicked".to_string())??;
+    rtts
+}
+
+/// `iters` RC SEND round trips of `size` bytes between engines in the two namespaces,
+/// each side on its own thread waiting for its completions; `link` gets the link's
+/// description.
+fn rc_pingpong(
+    pair: &Pair,
+    busy: bool,
+    size: usize,
+    iters: usize,
+    link: &mut String,
+) -> Result<Vec<Duration>, String> {
+    let open = |ns: &str| {
+        let mut c = RuntimeConfig::xdp(&pair.ifname);
+        c.netns = Some(ns.to_string());
+        c.busy_poll = busy;
+        let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
+        Endpoint::new(d, &EndpointOpts::new(QpType::Rc, 2 * size + 4096)).map_err(|e| e.to_string())
+    };
+    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    *link = a.dev.info().link.clone();
+    let mtu = a.dev.info().port_mtu;
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let (psn_a, psn_b) = (0x100, 0x200);
+    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
+        .map_err(|e| e.to_string())?;
+    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
+        .map_err(|e| e.to_string())?;
+    let post_recv = |e: &Endpoint| {
+        e.qp.post_recv(&RecvWr::new(1, &[e.sge(size, size)]))
+            .map_err(|x| x.to_string())
+    };
+    let send = |e: &Endpoint| {
+        e.qp.post_send(&SendWr::send(2, &[e.sge(0, size)]).with_flags(SendFlags::SIGNALED))
+            .map_err(|x| x.to_string())
+    };
+    post_recv(&b)?;
+    std::thread::scope(|sc| {
+        // B answers each SEND with one, reposting its receive first.
+        let echo = sc.spawn(|| -> Result<(), String> {
+            for _ in 0..iters {
+                b.next_ok(STALL)?;
+                post_recv(&b)?;
+                send(&b)?;
+                b.next_ok(STALL)?;
+            }
+            Ok(())
+        });
+        let mut rtts = Vec::with_capacity(iters);
+        let mut run = || -> Result<(), String> {
+            for _ in 0..iters {
+                post_recv(&a)?;
+                let t = Instant::now();
+                send(&a)?;
+                // Both completions, the send's and the answer's, in either order.
+                a.next_ok(STALL)?;
+                a.next_ok(STALL)?;
+                rtts.push(t.elapsed());
+            }
+            Ok(())
+        };
+        let r = run();
+        let e = echo
+            .join()
+            .map_err(|_| "the RC echo thread panicked".to_string())?;
+        r.and(e).map(|()| rtts)
+    })
+}
