@@ -118,6 +118,31 @@ enum BenchCmd {
     /// Round trips of small messages between two namespaces: the kernel's UDP sockets,
     /// RC SEND ping-pong, and the same busy-polling, interleaved, with their ratios (root).
     Latency(LatencyArgs),
+    /// Raw AF_XDP frames one way (the project's ring code, no RoCE work) against RC
+    /// WRITE and READ goodput in frames of the same size, at IB MTU 1024 and 4096 (root).
+    Ceiling(CeilingArgs),
+}
+
+#[derive(Args)]
+struct CeilingArgs {
+    /// Raw frames per measurement.
+    #[arg(long, default_value_t = 300_000)]
+    frames: u64,
+    /// Seconds each RC stream runs.
+    #[arg(long, default_value_t = 1.0)]
+    secs: f64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// One IB MTU only (1024 or 4096).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    /// 30000 frames, 0.2 s streams, one repetition (for CI: seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -603,6 +628,43 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Err(e) => failed("bench latency", &e),
+            }
+        }
+        BenchCmd::Ceiling(a) => {
+            let mut o = apps::bench::ceiling::CeilingOpts {
+                frames: a.frames,
+                stream: std::time::Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
+                reps: a.reps,
+                ..Default::default()
+            };
+            match a.mtu {
+                None => {}
+                Some(1024) => o.mtus = vec![roce_xdp::verbs::Mtu::Mtu1024],
+                Some(4096) => o.mtus = vec![roce_xdp::verbs::Mtu::Mtu4096],
+                Some(m) => return failed("bench ceiling", &format!("-m {m}: 1024 or 4096")),
+            }
+            if a.quick {
+                o.frames = o.frames.min(30_000);
+                o.stream = o.stream.min(std::time::Duration::from_millis(200));
+                o.reps = 1;
+            }
+            let json = a.json;
+            let r = apps::bench::ceiling::ceiling(&o, &mut |l| {
+                if !json {
+                    println!("{l}");
+                }
+            });
+            match r {
+                Ok(r) if json => {
+                    println!("{}", r.to_json());
+                    ExitCode::SUCCESS
+                }
+                Ok(r) => {
+                    println!();
+                    print!("{}", r.table());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => failed("bench ceiling", &e),
             }
         }
     }

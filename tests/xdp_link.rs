@@ -1466,3 +1466,44 @@ fn bench_latency_reports_every_round_trip_figure() {
         j["link"]
     );
 }
+
+/// `bench ceiling --quick`: both MTUs reported with every figure (a benchmark: only that
+/// each was measured is checked).
+#[test]
+fn bench_ceiling_reports_raw_and_rc_frame_rates_at_both_mtus() {
+    if !need_root() {
+        return;
+    }
+    let out = std::process::Command::new(bin())
+        .args(["bench", "ceiling", "--quick", "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(j["bench"], "ceiling");
+    let rows = j["mtus"].as_array().unwrap();
+    let mtus: Vec<_> = rows.iter().map(|r| r["ib_mtu"].as_u64().unwrap()).collect();
+    assert_eq!(mtus, [1024, 4096]);
+    // A WRITE MIDDLE: Ethernet, IPv4, UDP, BTH, the payload, the ICRC.
+    for (r, payload) in rows.iter().zip([1024, 4096]) {
+        assert_eq!(
+            r["frame_bytes"].as_u64(),
+            Some(14 + 20 + 8 + 12 + payload + 4)
+        );
+        let reps = r["reps"].as_array().unwrap();
+        assert_eq!(reps.len(), 1);
+        for k in ["raw_pps", "write_pps", "read_pps"] {
+            assert!(reps[0][k].as_f64().unwrap() > 0.0, "{payload}: {k}");
+        }
+        for k in ["write_to_raw", "read_to_raw"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{payload}: {k}");
+        }
+    }
+    assert!(rows[1]["link"].as_str().unwrap().contains("multi-buffer"));
+}

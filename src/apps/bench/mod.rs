@@ -2,6 +2,9 @@
 //! measured side by side in one run, interleaved, with their ratios (absolute figures
 //! drift between runs and machines; ratios in one run are what count).
 //!
+//! `bench ceiling` ([`ceiling`]): raw AF_XDP frames one way against RC WRITE and READ
+//! goodput in frames of the same size.
+//!
 //! `bench latency` ([`latency`]): 64 B round trips, the kernel's UDP sockets beside RC
 //! SENDs, default and busy-polling.
 //!
@@ -11,6 +14,7 @@
 //! is dropped under its reason, that the transfer stays byte-exact, and that B's memory
 //! does not grow.
 
+pub mod ceiling;
 pub mod latency;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};

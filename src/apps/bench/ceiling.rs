@@ -1,0 +1,351 @@
+//! `bench ceiling`: what the wire between two namespaces carries, and how much of it
+//! roce-xdp's RC traffic gets, side by side in one run: raw frames of RoCE's size sent
+//! one way with the project's own AF_XDP ring code and no RoCE work (counted at the
+//! receiver, so it is what both ends sustain together), then RC WRITE and READ streams
+//! of 64 KiB messages between two engines on the same interfaces, as frames per second
+//! of the same size. Issue 11's targets are ratios of these (WRITE >= 0.95, READ
+//! >= 0.90 of the raw rate).
+
+use super::super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
+use super::super::progress::Progress;
+use super::super::workload::{self, Stream};
+use super::median;
+use crate::link::FrameLink;
+use crate::link::xdp::{XdpConfig, XdpLink};
+use crate::netns::Pair;
+use crate::runtime::{Device, RuntimeConfig};
+use crate::verbs::{Mtu, QpType};
+use crate::wire::{
+    BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RoceRepr,
+    UdpRepr,
+};
+use crossbeam::channel as mpsc;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+/// What `bench ceiling` does.
+#[derive(Debug, Clone)]
+pub struct CeilingOpts {
+    /// Raw frames per measurement.
+    pub frames: u64,
+    /// How long each RC stream runs.
+    pub stream: Duration,
+    pub reps: usize,
+    /// IB MTUs to measure at (1024 on a 1500-byte link, 4096 on a 4200-byte one).
+    pub mtus: Vec<Mtu>,
+}
+
+impl Default for CeilingOpts {
+    fn default() -> Self {
+        CeilingOpts {
+            frames: 300_000,
+            stream: Duration::from_secs(1),
+            reps: 3,
+            mtus: vec![Mtu::Mtu1024, Mtu::Mtu4096],
+        }
+    }
+}
+
+/// One repetition at one MTU.
+#[derive(Debug, Clone, Copy)]
+pub struct CeilingRep {
+    /// Raw frames per second the receiver took.
+    pub raw_pps: f64,
+    /// RC WRITE and READ payload frames per second (goodput / IB MTU).
+    pub write_pps: f64,
+    pub read_pps: f64,
+}
+
+/// All repetitions at one MTU.
+#[derive(Debug, Clone)]
+pub struct CeilingRow {
+    pub mtu: Mtu,
+    /// The size of one full RoCE frame on the wire at this MTU (a WRITE MIDDLE).
+    pub frame_bytes: usize,
+    pub reps: Vec<CeilingRep>,
+    pub link: String,
+}
+
+impl CeilingRow {
+    fn med(&self, f: impl Fn(&CeilingRep) -> f64) -> f64 {
+        median(self.reps.iter().map(f).collect())
+    }
+    pub fn write_ratio(&self) -> f64 {
+        self.med(|r| r.write_pps / r.raw_pps.max(1e-9))
+    }
+    pub fn read_ratio(&self) -> f64 {
+        self.med(|r| r.read_pps / r.raw_pps.max(1e-9))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CeilingReport {
+    pub opts: CeilingOpts,
+    pub rows: Vec<CeilingRow>,
+}
+
+impl CeilingReport {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "roce-xdp bench ceiling: raw AF_XDP frames one way ({} per repetition) against RC \
+             WRITE and READ of 64 KiB messages ({:.1} s each), between two namespaces on veth\n",
+            self.opts.frames,
+            self.opts.stream.as_secs_f64()
+        );
+        for row in &self.rows {
+            s.push_str(&format!(
+                "\nIB MTU {} ({}-byte frames); {}\n",
+                row.mtu.bytes(),
+                row.frame_bytes,
+                row.link
+            ));
+            s.push_str("rep  raw Mpps  WRITE Mpps  READ Mpps  WRITE/raw  READ/raw\n");
+            for (i, r) in row.reps.iter().enumerate() {
+                s.push_str(&format!(
+                    "{:<4} {:>8.3}  {:>10.3}  {:>9.3}  {:>9.2}  {:>8.2}\n",
+                    i + 1,
+                    r.raw_pps / 1e6,
+                    r.write_pps / 1e6,
+                    r.read_pps / 1e6,
+                    r.write_pps / r.raw_pps.max(1e-9),
+                    r.read_pps / r.raw_pps.max(1e-9)
+                ));
+            }
+            s.push_str(&format!(
+                "median ratios: WRITE {:.2}, READ {:.2} of the raw frame rate\n",
+                row.write_ratio(),
+                row.read_ratio()
+            ));
+        }
+        s
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bench": "ceiling",
+            "raw_frames": self.opts.frames,
+            "stream_secs": self.opts.stream.as_secs_f64(),
+            "mtus": self.rows.iter().map(|row| serde_json::json!({
+                "ib_mtu": row.mtu.bytes(),
+                "frame_bytes": row.frame_bytes,
+                "link": row.link,
+                "reps": row.reps.iter().map(|r| serde_json::json!({
+                    "raw_pps": r.raw_pps,
+                    "write_pps": r.write_pps,
+                    "read_pps": r.read_pps,
+                })).collect::<Vec<_>>(),
+                "write_to_raw": row.write_ratio(),
+                "read_to_raw": row.read_ratio(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Runs `bench ceiling` (root: it creates namespaces and attaches XDP programs).
+pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingReport, String> {
+    if o.frames == 0 || o.reps == 0 || o.mtus.is_empty() {
+        return Err("--frames, --reps and the MTUs must not be empty".into());
+    }
+    crate::netns::available()?;
+    crate::host::check_xdp_privileges()?;
+    let mut rows = Vec::new();
+    for &mtu in &o.mtus {
+        let netdev_mtu = if mtu == Mtu::Mtu4096 { 4200 } else { 1500 };
+        let pair = Pair::new("roce-ceil", 22, netdev_mtu)?;
+        let frame = raw_frame(&pair, mtu)?;
+        say(&format!(
+            "IB MTU {}: {} ({}) and {} ({}), {}-byte frames",
+            mtu.bytes(),
+            pair.a.name,
+            pair.ip_a,
+            pair.b.name,
+            pair.ip_b,
+            frame.len()
+        ));
+        let mut row = CeilingRow {
+            mtu,
+            frame_bytes: frame.len(),
+            reps: Vec::new(),
+            link: String::new(),
+        };
+        // Warm-up of both, not counted.
+        raw_rate(&pair, &frame, o.frames.min(20_000))?;
+        rc_rates(&pair, mtu, Duration::from_millis(200), &mut row.link)?;
+        for rep in 0..o.reps {
+            let raw_pps = raw_rate(&pair, &frame, o.frames)?;
+            let (write_pps, read_pps) = rc_rates(&pair, mtu, o.stream, &mut row.link)?;
+            say(&format!(
+                "  rep {}: raw {:.3} Mpps, WRITE {:.3}, READ {:.3}",
+                rep + 1,
+                raw_pps / 1e6,
+                write_pps / 1e6,
+                read_pps / 1e6
+            ));
+            row.reps.push(CeilingRep {
+                raw_pps,
+                write_pps,
+                read_pps,
+            });
+        }
+        rows.push(row);
+    }
+    Ok(CeilingReport {
+        opts: o.clone(),
+        rows,
+    })
+}
+
+/// A full-size WRITE MIDDLE from A to B (to a QP nobody has: only the receiver's ring
+/// code sees it).
+fn raw_frame(pair: &Pair, mtu: Mtu) -> Result<Vec<u8>, String> {
+    let mac = |ns: &crate::netns::Netns| -> Result<[u8; 6], String> {
+        let o = ns.exec(&["cat", &format!("/sys/class/net/{}/address", pair.ifname)])?;
+        crate::host::parse_mac(String::from_utf8_lossy(&o.stdout).trim())
+            .ok_or_else(|| "no MAC".to_string())
+    };
+    let payload = vec![0x3cu8; mtu.bytes() as usize];
+    let repr = FrameRepr {
+        eth: EthRepr {
+            dst: mac(&pair.b)?,
+            src: mac(&pair.a)?,
+            vlan: None,
+            ethertype: 0x0800,
+        },
+        ip: IpRepr::V4(Ipv4Repr::new(pair.ip_a, pair.ip_b, 0)),
+        udp: UdpRepr {
+            src_port: 49152,
+            dst_port: ROCE_V2_PORT,
+        },
+        roce: RoceRepr {
+            bth: BthRepr::new(Opcode::RC_RDMA_WRITE_MIDDLE, 0x7f_0001, Psn::new(1)),
+            ext: ExtRepr::default(),
+            payload: &payload,
+        },
+    };
+    let mut f = vec![0u8; 9216];
+    let n = repr
+        .emit(&mut f)
+        .map_err(|e| format!("building the raw frame: {e:?}"))?;
+    f.truncate(n);
+    Ok(f)
+}
+
+/// Sends `count` copies of `frame` from A's AF_XDP link as fast as the rings take them
+/// and counts what B's link receives: frames per second from B's first to its last.
+fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
+    let open = |ns: String, ifname: String, ip: Ipv4Addr| {
+        move || -> Result<XdpLink, String> {
+            crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;
+            XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
+        }
+    };
+    let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
+    let open_b = open(pair.b.name.clone(), pair.ifname.clone(), pair.ip_b);
+    let receiver = std::thread::spawn(move || -> Result<(u64, Duration), String> {
+        let mut link = match open_b() {
+            Ok(l) => {
+                let _ = ready_tx.send(Ok(()));
+                l
+            }
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        let (mut got, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
+        let start = Instant::now();
+        // Bounded: all of them, or 300 ms without one once they came, or 30 s.
+        while got < count && start.elapsed() < Duration::from_secs(30) {
+            let n = link.recv(256, &mut |_| {});
+            if n > 0 {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = now;
+                got += n as u64;
+            } else if first.is_some() && last.elapsed() > Duration::from_millis(300) {
+                break;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Ok((got, first.map_or(Duration::ZERO, |f| last - f)))
+    });
+    ready_rx
+        .recv()
+        .map_err(|_| "the raw receiver ended".to_string())??;
+    let open_a = open(pair.a.name.clone(), pair.ifname.clone(), pair.ip_a);
+    let frame = frame.to_vec();
+    let sender = std::thread::spawn(move || -> Result<(), String> {
+        let mut link = open_a()?;
+        let mut sent = 0u64;
+        let start = Instant::now();
+        while sent < count && start.elapsed() < Duration::from_secs(30) {
+            let n = link.send(&mut |buf: &mut [u8]| {
+                if sent >= count {
+                    return None;
+                }
+                buf[..frame.len()].copy_from_slice(&frame);
+                sent += 1;
+                Some(frame.len())
+            });
+            link.flush();
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for _ in 0..1000 {
+            link.flush();
+            if !link.tx_pending() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    sender
+        .join()
+        .map_err(|_| "the raw sender panicked".to_string())??;
+    let (got, span) = receiver
+        .join()
+        .map_err(|_| "the raw receiver panicked".to_string())??;
+    if got < 2 {
+        return Err(format!("the raw receiver took {got} of {count} frames"));
+    }
+    Ok((got - 1) as f64 / span.as_secs_f64().max(1e-9))
+}
+
+/// RC WRITE then READ streams of 64 KiB messages, `span` each, between engines in the
+/// two namespaces: payload frames per second of each.
+fn rc_rates(
+    pair: &Pair,
+    mtu: Mtu,
+    span: Duration,
+    link: &mut String,
+) -> Result<(f64, f64), String> {
+    let size = 65536;
+    let open = |ns: &str| {
+        let mut c = RuntimeConfig::xdp(&pair.ifname);
+        c.netns = Some(ns.to_string());
+        let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
+        Endpoint::new(d, &EndpointOpts::new(QpType::Rc, 16 * size + 8192))
+            .map_err(|e| e.to_string())
+    };
+    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    *link = a.dev.info().link.clone();
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let (psn_a, psn_b) = (0x10, 0x20);
+    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
+        .map_err(|e| e.to_string())?;
+    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
+        .map_err(|e| e.to_string())?;
+    let per_frame = f64::from(mtu.bytes());
+    let rate = |op| -> Result<f64, String> {
+        let t = Instant::now();
+        let r = workload::stream_while(&a, &b, op, size, 16, &mut Progress::hidden(), |_| {
+            t.elapsed() < span
+        })?;
+        Ok(r.bytes as f64 / per_frame / r.elapsed.as_secs_f64().max(1e-9))
+    };
+    let w = rate(Stream::Write)?;
+    let r = rate(Stream::Read)?;
+    Ok((w, r))
+}
