@@ -582,24 +582,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 o.frames = o.frames.min(100_000);
                 o.reps = 1;
             }
-            let json = a.json;
-            let r = apps::bench::flood(&o, &mut |l| {
-                if !json {
-                    println!("{l}");
-                }
-            });
-            match r {
-                Ok(r) if json => {
-                    println!("{}", r.to_json());
-                    ExitCode::SUCCESS
-                }
-                Ok(r) => {
-                    println!();
-                    print!("{}", r.table());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => failed("bench flood", &e),
-            }
+            bench_out("bench flood", a.json, |say| apps::bench::flood(&o, say))
         }
         BenchCmd::Latency(a) => {
             let mut o = apps::bench::latency::LatencyOpts {
@@ -611,24 +594,9 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 o.iters = o.iters.min(2000);
                 o.reps = 1;
             }
-            let json = a.json;
-            let r = apps::bench::latency::latency(&o, &mut |l| {
-                if !json {
-                    println!("{l}");
-                }
-            });
-            match r {
-                Ok(r) if json => {
-                    println!("{}", r.to_json());
-                    ExitCode::SUCCESS
-                }
-                Ok(r) => {
-                    println!();
-                    print!("{}", r.table());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => failed("bench latency", &e),
-            }
+            bench_out("bench latency", a.json, |say| {
+                apps::bench::latency::latency(&o, say)
+            })
         }
         BenchCmd::Ceiling(a) => {
             let mut o = apps::bench::ceiling::CeilingOpts {
@@ -648,25 +616,35 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 o.stream = o.stream.min(std::time::Duration::from_millis(200));
                 o.reps = 1;
             }
-            let json = a.json;
-            let r = apps::bench::ceiling::ceiling(&o, &mut |l| {
-                if !json {
-                    println!("{l}");
-                }
-            });
-            match r {
-                Ok(r) if json => {
-                    println!("{}", r.to_json());
-                    ExitCode::SUCCESS
-                }
-                Ok(r) => {
-                    println!();
-                    print!("{}", r.table());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => failed("bench ceiling", &e),
-            }
+            bench_out("bench ceiling", a.json, |say| {
+                apps::bench::ceiling::ceiling(&o, say)
+            })
         }
+    }
+}
+
+/// Runs a benchmark, printing its progress lines and then its table, or only its JSON.
+fn bench_out<R: apps::bench::BenchReport>(
+    what: &str,
+    json: bool,
+    run: impl FnOnce(&mut dyn FnMut(&str)) -> Result<R, String>,
+) -> ExitCode {
+    let r = run(&mut |l| {
+        if !json {
+            println!("{l}");
+        }
+    });
+    match r {
+        Ok(r) if json => {
+            println!("{}", r.to_json());
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            println!();
+            print!("{}", r.table());
+            ExitCode::SUCCESS
+        }
+        Err(e) => failed(what, &e),
     }
 }
 

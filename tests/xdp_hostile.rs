@@ -199,18 +199,7 @@ fn bench_flood_accounts_for_every_flood_frame() {
     if !need_root() {
         return;
     }
-    let out = std::process::Command::new(bin())
-        .args(["bench", "flood", "--quick", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{text}");
-    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let j = bench_json(&["flood", "--quick"]);
     let reps = j["reps"].as_array().unwrap();
     assert_eq!(reps.len(), 1);
     let sent = j["flood_frames"].as_u64().unwrap();

@@ -1431,18 +1431,7 @@ fn bench_latency_reports_every_round_trip_figure() {
     if !need_root() {
         return;
     }
-    let out = std::process::Command::new(bin())
-        .args(["bench", "latency", "--quick", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{text}");
-    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let j = bench_json(&["latency", "--quick"]);
     assert_eq!(j["bench"], "latency");
     assert_eq!(
         (j["iters"].as_u64(), j["message_size"].as_u64()),
@@ -1474,18 +1463,7 @@ fn bench_ceiling_reports_raw_and_rc_frame_rates_at_both_mtus() {
     if !need_root() {
         return;
     }
-    let out = std::process::Command::new(bin())
-        .args(["bench", "ceiling", "--quick", "--json"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{text}");
-    let j: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    let j = bench_json(&["ceiling", "--quick"]);
     assert_eq!(j["bench"], "ceiling");
     let rows = j["mtus"].as_array().unwrap();
     let mtus: Vec<_> = rows.iter().map(|r| r["ib_mtu"].as_u64().unwrap()).collect();

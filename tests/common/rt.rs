@@ -154,3 +154,21 @@ impl Drop for Child {
         }
     }
 }
+
+/// Runs `roce-xdp bench ARGS --json` (it must succeed) and returns its report.
+pub fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(bin())
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    serde_json::from_str(text.trim()).unwrap()
+}

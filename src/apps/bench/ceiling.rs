@@ -6,15 +6,13 @@
 //! of the same size. Issue 11's targets are ratios of these (WRITE >= 0.95, READ
 //! >= 0.90 of the raw rate).
 
-use super::super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
 use super::super::progress::Progress;
 use super::super::workload::{self, Stream};
 use super::median;
 use crate::link::FrameLink;
 use crate::link::xdp::{XdpConfig, XdpLink};
 use crate::netns::Pair;
-use crate::runtime::{Device, RuntimeConfig};
-use crate::verbs::{Mtu, QpType};
+use crate::verbs::Mtu;
 use crate::wire::{
     BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RoceRepr,
     UdpRepr,
@@ -84,8 +82,8 @@ pub struct CeilingReport {
     pub rows: Vec<CeilingRow>,
 }
 
-impl CeilingReport {
-    pub fn table(&self) -> String {
+impl super::BenchReport for CeilingReport {
+    fn table(&self) -> String {
         let mut s = format!(
             "roce-xdp bench ceiling: raw AF_XDP frames one way ({} per repetition) against RC \
              WRITE and READ of 64 KiB messages ({:.1} s each), between two namespaces on veth\n",
@@ -120,7 +118,7 @@ impl CeilingReport {
         s
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "bench": "ceiling",
             "raw_frames": self.opts.frames,
@@ -277,28 +275,7 @@ fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
     let frame = frame.to_vec();
     let sender = std::thread::spawn(move || -> Result<(), String> {
         let mut link = open_a()?;
-        let mut sent = 0u64;
-        let start = Instant::now();
-        while sent < count && start.elapsed() < Duration::from_secs(30) {
-            let n = link.send(&mut |buf: &mut [u8]| {
-                if sent >= count {
-                    return None;
-                }
-                buf[..frame.len()].copy_from_slice(&frame);
-                sent += 1;
-                Some(frame.len())
-            });
-            link.flush();
-            if n == 0 {
-                std::thread::yield_now();
-            }
-        }
-        for _ in 0..1000 {
-            link.flush();
-            if !link.tx_pending() {
-                break;
-            }
-        }
+        super::send_frames(&mut link, count, &[frame]);
         Ok(())
     });
     sender
@@ -322,21 +299,8 @@ fn rc_rates(
     link: &mut String,
 ) -> Result<(f64, f64), String> {
     let size = 65536;
-    let open = |ns: &str| {
-        let mut c = RuntimeConfig::xdp(&pair.ifname);
-        c.netns = Some(ns.to_string());
-        let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
-        Endpoint::new(d, &EndpointOpts::new(QpType::Rc, 16 * size + 8192))
-            .map_err(|e| e.to_string())
-    };
-    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    let (a, b) = super::rc_pair(pair, Some(mtu), 16 * size + 8192, false)?;
     *link = a.dev.info().link.clone();
-    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
-    let (psn_a, psn_b) = (0x10, 0x20);
-    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
-        .map_err(|e| e.to_string())?;
-    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
-        .map_err(|e| e.to_string())?;
     let per_frame = f64::from(mtu.bytes());
     let rate = |op| -> Result<f64, String> {
         let t = Instant::now();

@@ -5,11 +5,10 @@
 //! busy-polling (`--busy-poll`). Medians and 99th percentiles per repetition, and the
 //! ratios to the kernel's.
 
-use super::super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
+use super::super::endpoint::Endpoint;
 use super::median;
 use crate::netns::Pair;
-use crate::runtime::{Device, RuntimeConfig};
-use crate::verbs::{QpType, RecvWr, SendFlags, SendWr};
+use crate::verbs::{RecvWr, SendFlags, SendWr};
 use crossbeam::channel as mpsc;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -86,8 +85,10 @@ impl LatencyReport {
                 .collect(),
         )
     }
+}
 
-    pub fn table(&self) -> String {
+impl super::BenchReport for LatencyReport {
+    fn table(&self) -> String {
         let mut s = format!(
             "roce-xdp bench latency: {} B round trips between two namespaces on veth, {} per \
              measurement; {}\n\n",
@@ -116,7 +117,7 @@ impl LatencyReport {
         s
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         let rtt = |r: &Rtt| serde_json::json!({"median_us": r.median_us, "p99_us": r.p99_us});
         serde_json::json!({
             "bench": "latency",
@@ -256,22 +257,8 @@ fn rc_pingpong(
     iters: usize,
     link: &mut String,
 ) -> Result<Vec<Duration>, String> {
-    let open = |ns: &str| {
-        let mut c = RuntimeConfig::xdp(&pair.ifname);
-        c.netns = Some(ns.to_string());
-        c.busy_poll = busy;
-        let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
-        Endpoint::new(d, &EndpointOpts::new(QpType::Rc, 2 * size + 4096)).map_err(|e| e.to_string())
-    };
-    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    let (a, b) = super::rc_pair(pair, None, 2 * size + 4096, busy)?;
     *link = a.dev.info().link.clone();
-    let mtu = a.dev.info().port_mtu;
-    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
-    let (psn_a, psn_b) = (0x100, 0x200);
-    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
-        .map_err(|e| e.to_string())?;
-    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
-        .map_err(|e| e.to_string())?;
     let post_recv = |e: &Endpoint| {
         e.qp.post_recv(&RecvWr::new(1, &[e.sge(size, size)]))
             .map_err(|x| x.to_string())

@@ -90,6 +90,68 @@ pub struct FloodReport {
     pub link: String,
 }
 
+/// What every `bench` report gives the command: the table it prints, and `--json`.
+pub trait BenchReport {
+    fn table(&self) -> String;
+    fn to_json(&self) -> serde_json::Value;
+}
+
+/// Two engines over AF_XDP, one in each namespace of `pair`, with an RC QP each (`mem`
+/// bytes registered) connected at IB MTU `mtu` (`None`: the port's); `busy` makes the
+/// engines poll without sleeping.
+pub(crate) fn rc_pair(
+    pair: &crate::netns::Pair,
+    mtu: Option<crate::verbs::Mtu>,
+    mem: usize,
+    busy: bool,
+) -> Result<(Endpoint, Endpoint), String> {
+    let open = |ns: &str| {
+        let mut c = RuntimeConfig::xdp(&pair.ifname);
+        c.netns = Some(ns.to_string());
+        c.busy_poll = busy;
+        let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
+        Endpoint::new(d, &EndpointOpts::new(QpType::Rc, mem)).map_err(|e| e.to_string())
+    };
+    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    let mtu = mtu.unwrap_or(a.dev.info().port_mtu);
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let (psn_a, psn_b) = (0x100, 0x200);
+    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
+        .map_err(|e| e.to_string())?;
+    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
+        .map_err(|e| e.to_string())?;
+    Ok((a, b))
+}
+
+/// Sends `count` frames from `link` as fast as its rings take them, cycling through
+/// `frames`, then lets the last ones leave; at most 60 s. Returns how many were sent.
+pub(crate) fn send_frames(link: &mut XdpLink, count: u64, frames: &[Vec<u8>]) -> u64 {
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < count && start.elapsed() < Duration::from_secs(60) && !frames.is_empty() {
+        let n = link.send(&mut |buf: &mut [u8]| {
+            if sent >= count {
+                return None;
+            }
+            let f = &frames[(sent % frames.len() as u64) as usize];
+            buf[..f.len()].copy_from_slice(f);
+            sent += 1;
+            Some(f.len())
+        });
+        link.flush();
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+    for _ in 0..1000 {
+        link.flush();
+        if !link.tx_pending() {
+            break;
+        }
+    }
+    sent
+}
+
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() { 0.0 } else { v[v.len() / 2] }
@@ -99,9 +161,11 @@ impl FloodReport {
     pub fn median_ratio(&self) -> f64 {
         median(self.reps.iter().map(FloodRep::ratio).collect())
     }
+}
 
+impl BenchReport for FloodReport {
     /// The table `bench flood` prints.
-    pub fn table(&self) -> String {
+    fn table(&self) -> String {
         let mut s = format!(
             "roce-xdp bench flood: {} frames per repetition at engine B from a third host \
              (half to QPs that do not exist, half to B's QP with a bad ICRC)\n\
@@ -146,7 +210,7 @@ impl FloodReport {
         s
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "bench": "flood",
             "frames_per_rep": self.opts.frames,
@@ -281,30 +345,7 @@ impl Flooder {
                 let frames = flood_frames((mac, ip), frames_for.to, frames_for.qpn, 128);
                 while let Ok(count) = go_rx.recv() {
                     let start = Instant::now();
-                    let mut sent = 0u64;
-                    // Bounded: stops after `count` frames or 60 s, whichever comes first.
-                    while sent < count && start.elapsed() < Duration::from_secs(60) {
-                        let n = link.send(&mut |buf: &mut [u8]| {
-                            if sent >= count {
-                                return None;
-                            }
-                            let f = &frames[(sent % frames.len() as u64) as usize];
-                            buf[..f.len()].copy_from_slice(f);
-                            sent += 1;
-                            Some(f.len())
-                        });
-                        link.flush();
-                        if n == 0 {
-                            std::thread::yield_now();
-                        }
-                    }
-                    // Let the last frames leave before the time is taken.
-                    for _ in 0..100 {
-                        link.flush();
-                        if !link.tx_pending() {
-                            break;
-                        }
-                    }
+                    let sent = send_frames(&mut link, count, &frames);
                     let _ = done_tx.send(Ok((sent, start.elapsed())));
                 }
             })
