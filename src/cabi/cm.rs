@@ -572,14 +572,21 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         };
         // Its undelivered events go, as the kernel's ucma drops them; so do connection
         // requests a listener never handed out, with their IDs (the CM rejects them).
-        let queued = i
-            .channel()
-            .map(|c| c.q.remove(|e| e.ibv.id == id || e.ibv.listen_id == id))
-            .unwrap_or_default();
-        for e in queued {
-            if e.ibv.id != id && e.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST {
-                rdma_destroy_id(e.ibv.id);
-            }
+        // Once now, and once more when the dispatcher can add none (it may have queued
+        // one in between); the children are destroyed outside the dispatcher's lock.
+        let drop_queued = |i: &Id| -> Vec<*mut rdma_cm_id> {
+            let queued = i
+                .channel()
+                .map(|c| c.q.remove(|e| e.ibv.id == id || e.ibv.listen_id == id))
+                .unwrap_or_default();
+            queued
+                .iter()
+                .filter(|e| e.ibv.id != id && e.ibv.event == RDMA_CM_EVENT_CONNECT_REQUEST)
+                .map(|e| e.ibv.id)
+                .collect()
+        };
+        for child in drop_queued(i) {
+            rdma_destroy_id(child);
         }
         let (hub, conn, listens) = {
             let mut s = i.st();
@@ -589,14 +596,20 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             (s.hub.clone(), s.conn.take(), std::mem::take(&mut s.listens))
         };
-        // No event is being turned into one for this ID while it goes away.
-        let _quiet = DISPATCHING.lock().unwrap_or_else(|e| e.into_inner());
-        unregister(i);
-        for (h, sid) in listens {
-            let _ = h.rt.cm_unlisten(sid);
-        }
-        if let (Some(h), Some(c)) = (hub, conn) {
-            let _ = h.rt.cm_destroy(c);
+        let late = {
+            // No event is being turned into one for this ID while it goes away.
+            let _quiet = DISPATCHING.lock().unwrap_or_else(|e| e.into_inner());
+            unregister(i);
+            for (h, sid) in listens {
+                let _ = h.rt.cm_unlisten(sid);
+            }
+            if let (Some(h), Some(c)) = (hub, conn) {
+                let _ = h.rt.cm_destroy(c);
+            }
+            drop_queued(i)
+        };
+        for child in late {
+            rdma_destroy_id(child);
         }
         // The channel outlives its IDs (its destroy is refused while they exist).
         if let Some(c) = i.channel() {
