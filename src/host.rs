@@ -239,42 +239,37 @@ pub fn all_addresses() -> Result<Vec<(String, IpAddr)>, HostError> {
     Ok(out)
 }
 
-/// The 802.1Q subinterfaces of `parent` in this thread's network namespace, with their
-/// VLAN IDs, from the 8021q module's table (`/proc/net/vlan/config`, as of the calling
-/// thread: the runtime enters the namespace in its own thread). None when the module is
-/// not loaded (then there are no VLAN devices).
-pub fn vlan_subinterfaces(parent: &str) -> Vec<(String, u16)> {
-    let Ok(t) = fs::read_to_string("/proc/thread-self/net/vlan/config") else {
-        return Vec::new();
-    };
-    parse_vlan_config(&t, parent)
+/// An 802.1Q subinterface, as the 8021q module's table lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VlanLine {
+    pub name: String,
+    pub vid: u16,
+    pub parent: String,
 }
 
-/// Every 802.1Q subinterface of this thread's network namespace, with its parent.
-pub fn vlan_subinterfaces_all() -> Vec<(String, String)> {
-    let Ok(t) = fs::read_to_string("/proc/thread-self/net/vlan/config") else {
-        return Vec::new();
-    };
-    vlan_lines(&t)
-        .map(|(name, _, dev)| (name.to_string(), dev.to_string()))
-        .collect()
+/// The 802.1Q subinterfaces of this thread's network namespace, from the 8021q module's
+/// table (`/proc/net/vlan/config` as of the calling thread: the runtime enters the
+/// namespace in its own thread). None when the module is not loaded (then there are no
+/// VLAN devices).
+pub fn vlan_subinterfaces() -> Vec<VlanLine> {
+    fs::read_to_string("/proc/thread-self/net/vlan/config")
+        .map(|t| parse_vlan_config(&t))
+        .unwrap_or_default()
 }
 
-/// The lines `NAME | VID | PARENT` of `/proc/net/vlan/config`.
-fn vlan_lines(t: &str) -> impl Iterator<Item = (&str, u16, &str)> {
-    t.lines().filter_map(|l| {
-        let mut f = l.split('|').map(str::trim);
-        let (name, vid, dev) = (f.next()?, f.next()?, f.next()?);
-        let vid = vid.parse::<u16>().ok()?;
-        (1..4095).contains(&vid).then_some((name, vid, dev))
-    })
-}
-
-/// The lines of `/proc/net/vlan/config` whose parent is `parent`.
-fn parse_vlan_config(t: &str, parent: &str) -> Vec<(String, u16)> {
-    vlan_lines(t)
-        .filter(|(_, _, dev)| *dev == parent)
-        .map(|(name, vid, _)| (name.to_string(), vid))
+/// The `NAME | VID | PARENT` lines of `/proc/net/vlan/config`.
+fn parse_vlan_config(t: &str) -> Vec<VlanLine> {
+    t.lines()
+        .filter_map(|l| {
+            let mut f = l.split('|').map(str::trim);
+            let (name, vid, parent) = (f.next()?, f.next()?, f.next()?);
+            let vid = vid.parse::<u16>().ok()?;
+            (1..4095).contains(&vid).then(|| VlanLine {
+                name: name.into(),
+                vid,
+                parent: parent.into(),
+            })
+        })
         .collect()
 }
 
@@ -346,8 +341,12 @@ pub fn resolve_neighbor(ifname: &str, ip: IpAddr, wait: Duration) -> Option<[u8;
 
 /// [`resolve_neighbor`] on whichever of `ifnames` the kernel resolves `ip` on (the port's
 /// interface and its VLAN subinterfaces: the route decides).
-pub fn resolve_neighbor_on(ifnames: &[&str], ip: IpAddr, wait: Duration) -> Option<[u8; 6]> {
-    let known = || ifnames.iter().find_map(|n| neighbor(n, ip));
+pub fn resolve_neighbor_on(
+    ifnames: &[impl AsRef<str>],
+    ip: IpAddr,
+    wait: Duration,
+) -> Option<[u8; 6]> {
+    let known = || ifnames.iter().find_map(|n| neighbor(n.as_ref(), ip));
     if let Some(m) = known() {
         return Some(m);
     }
@@ -617,11 +616,15 @@ mod tests {
     fn vlan_config_lines() {
         let t = "VLAN Dev name    | VLAN ID\nName-Type: VLAN_NAME_TYPE_RAW_PLUS_VID_NO_PAD\n\
                  veth0.100      | 100  | veth0\nveth1.7        | 7  | veth1\nbad | x | veth0\n";
+        let line = |name: &str, vid, parent: &str| VlanLine {
+            name: name.into(),
+            vid,
+            parent: parent.into(),
+        };
         assert_eq!(
-            parse_vlan_config(t, "veth0"),
-            vec![("veth0.100".to_string(), 100)]
+            parse_vlan_config(t),
+            vec![line("veth0.100", 100, "veth0"), line("veth1.7", 7, "veth1")]
         );
-        assert!(parse_vlan_config(t, "eth9").is_empty());
     }
 
     #[test]

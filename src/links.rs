@@ -106,7 +106,10 @@ fn candidate_interfaces() -> Vec<String> {
     // A VLAN subinterface is no device of its own: its addresses are GIDs of its
     // parent's device (which has one even without an address of its own), as a NIC's
     // RDMA device has its VLAN netdevs' GIDs.
-    for (v, parent) in crate::host::vlan_subinterfaces_all() {
+    for crate::host::VlanLine {
+        name: v, parent, ..
+    } in crate::host::vlan_subinterfaces()
+    {
         let Some(k) = names.iter().position(|n| *n == v) else {
             continue;
         };

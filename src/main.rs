@@ -605,11 +605,11 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 reps: a.reps,
                 ..Default::default()
             };
-            match a.mtu {
-                None => {}
-                Some(1024) => o.mtus = vec![roce_xdp::verbs::Mtu::Mtu1024],
-                Some(4096) => o.mtus = vec![roce_xdp::verbs::Mtu::Mtu4096],
-                Some(m) => return failed("bench ceiling", &format!("-m {m}: 1024 or 4096")),
+            if let Some(b) = a.mtu {
+                match Mtu::from_bytes(b) {
+                    Some(m @ (Mtu::Mtu1024 | Mtu::Mtu4096)) => o.mtus = vec![m],
+                    _ => return failed("bench ceiling", &format!("-m {b}: 1024 or 4096")),
+                }
             }
             if a.quick {
                 o.frames = o.frames.min(30_000);

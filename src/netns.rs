@@ -53,6 +53,14 @@ impl Netns {
         run(&v)
     }
 
+    /// The MAC of `ifname` in the namespace (its sysfs, as `ip netns exec` mounts it).
+    pub fn mac(&self, ifname: &str) -> Result<[u8; 6], String> {
+        let o = self.exec(&["cat", &format!("/sys/class/net/{ifname}/address")])?;
+        let text = String::from_utf8_lossy(&o.stdout);
+        crate::host::parse_mac(text.trim())
+            .ok_or_else(|| format!("{ifname} in {}: no MAC in {text:?}", self.name))
+    }
+
     /// A `Command` that runs inside the namespace.
     pub fn command(&self, program: &str) -> Command {
         let mut c = Command::new("ip");

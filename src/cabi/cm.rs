@@ -920,9 +920,7 @@ pub extern "C" fn rdma_resolve_addr(
         let mac = if hub.rt.info().gids.contains(&gid_of(dst.ip())) {
             Some(hub.rt.info().mac)
         } else {
-            let names = hub.rt.netdevs();
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            crate::host::resolve_neighbor_on(&names, dst.ip(), wait)
+            crate::host::resolve_neighbor_on(&hub.rt.netdevs(), dst.ip(), wait)
         };
         let mut s = i.st();
         s.dst = Some(dst);

@@ -1252,14 +1252,11 @@ impl Device {
             return Err(RuntimeError::Setup("no interface to resolve on".into()));
         };
         let netns = self.sh.netns.clone();
-        let vlans: Vec<String> = self.sh.info.vlans.iter().map(|v| v.name.clone()).collect();
+        let names = self.netdevs();
         let mac = std::thread::spawn(move || {
             if let Some(ns) = &netns {
                 crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
             }
-            let names: Vec<&str> = std::iter::once(ifname.as_str())
-                .chain(vlans.iter().map(String::as_str))
-                .collect();
             let wait = Duration::from_secs(3);
             crate::host::resolve_neighbor_on(&names, ip, wait).ok_or_else(|| {
                 format!(

@@ -284,7 +284,10 @@ fn device_config(cfg: &RuntimeConfig) -> Result<(DeviceConfig, Option<String>), 
 fn vlans_of(ifname: &str) -> Result<Vec<crate::verbs::VlanNetdev>, String> {
     let all = crate::host::all_addresses().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for (name, vid) in crate::host::vlan_subinterfaces(ifname) {
+    let mine = crate::host::vlan_subinterfaces()
+        .into_iter()
+        .filter(|l| l.parent == ifname);
+    for crate::host::VlanLine { name, vid, .. } in mine {
         let Ok(ifc) = crate::host::Interface::find(&name) else {
             continue;
         };

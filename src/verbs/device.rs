@@ -202,13 +202,10 @@ impl DeviceConfig {
         self.gid_entries().iter().map(|e| e.gid).collect()
     }
 
-    /// True when `ip` is one of this device's addresses (the link-local one included).
+    /// True when `ip` is one of this device's addresses (the link-local one and its VLAN
+    /// subinterfaces' included).
     pub fn owns(&self, ip: IpAddr) -> bool {
-        let own = match ip {
-            IpAddr::V4(a) => self.ipv4.contains(&a),
-            IpAddr::V6(a) => a == link_local_of(self.mac) || self.ipv6.contains(&a),
-        };
-        own || self.vlans.iter().any(|v| v.owns(ip))
+        self.owns_on(ip, None) || self.vlans.iter().any(|v| v.owns(ip))
     }
 
     /// True when `ip` is this device's address on the VLAN `vid` (`None` or VID 0, a

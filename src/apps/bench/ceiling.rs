@@ -196,16 +196,11 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
 /// A full-size WRITE MIDDLE from A to B (to a QP nobody has: only the receiver's ring
 /// code sees it).
 fn raw_frame(pair: &Pair, mtu: Mtu) -> Result<Vec<u8>, String> {
-    let mac = |ns: &crate::netns::Netns| -> Result<[u8; 6], String> {
-        let o = ns.exec(&["cat", &format!("/sys/class/net/{}/address", pair.ifname)])?;
-        crate::host::parse_mac(String::from_utf8_lossy(&o.stdout).trim())
-            .ok_or_else(|| "no MAC".to_string())
-    };
     let payload = vec![0x3cu8; mtu.bytes() as usize];
     let repr = FrameRepr {
         eth: EthRepr {
-            dst: mac(&pair.b)?,
-            src: mac(&pair.a)?,
+            dst: pair.b.mac(&pair.ifname)?,
+            src: pair.a.mac(&pair.ifname)?,
             vlan: None,
             ethertype: 0x0800,
         },

@@ -6,6 +6,7 @@
 //! ratios to the kernel's.
 
 use super::super::endpoint::Endpoint;
+use super::super::workload::Report;
 use super::median;
 use crate::netns::Pair;
 use crate::verbs::{RecvWr, SendFlags, SendWr};
@@ -42,15 +43,16 @@ pub struct Rtt {
 }
 
 impl Rtt {
-    fn of(mut v: Vec<Duration>) -> Rtt {
-        v.sort_unstable();
-        let at = |q: f64| {
-            v.get(((v.len() as f64 * q) as usize).min(v.len().saturating_sub(1)))
-                .map_or(0.0, |d| d.as_secs_f64() * 1e6)
+    /// The median and the 99th percentile, taken as the workloads take theirs.
+    fn of(v: Vec<Duration>) -> Rtt {
+        let mut r = Report {
+            rtt_ns: v.iter().map(|d| d.as_nanos() as u64).collect(),
+            ..Report::default()
         };
+        r.rtt_ns.sort_unstable();
         Rtt {
-            median_us: at(0.5),
-            p99_us: at(0.99),
+            median_us: r.rtt_us(0.5),
+            p99_us: r.rtt_us(0.99),
         }
     }
 }
@@ -248,8 +250,9 @@ fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>,
 }
 
 /// `iters` RC SEND round trips of `size` bytes between engines in the two namespaces,
-/// each side on its own thread waiting for its completions; `link` gets the link's
-/// description.
+/// each side on its own thread waiting for its completions, as two programs would
+/// (`workload::pingpong` drives both sides from one thread, which hides the wake-ups);
+/// `link` gets the link's description.
 fn rc_pingpong(
     pair: &Pair,
     busy: bool,
