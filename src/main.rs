@@ -1,6 +1,8 @@
 //! The `roce-xdp` command.
 
 use clap::{Args, Parser, Subcommand};
+use roce_xdp::apps::bench::goodput::GoodputOpts;
+use roce_xdp::apps::workload::Stream;
 use roce_xdp::apps::{self, demo, pingpong, stats};
 use roce_xdp::decode::{self, Mode};
 use roce_xdp::runtime::{Device, RuntimeConfig};
@@ -74,7 +76,7 @@ enum Cmd {
     /// roce-xdp: `roce-xdp run -- ibv_devinfo -v`.
     Run(RunArgs),
     /// Benchmarks in their own network namespaces, figures side by side with their
-    /// ratios: `bench flood` (goodput while a third host floods engine B).
+    /// ratios: `bench ceiling`, `goodput`, `write|read|send -s SIZE`, `latency`, `flood`.
     Bench {
         #[command(subcommand)]
         cmd: BenchCmd,
@@ -121,6 +123,69 @@ enum BenchCmd {
     /// Raw AF_XDP frames one way (the project's ring code, no RoCE work) against RC
     /// WRITE and READ goodput in frames of the same size, at IB MTU 1024 and 4096 (root).
     Ceiling(CeilingArgs),
+    /// RC WRITE, READ and SEND goodput for 64 B to 1 MiB messages at IB MTU 1024 and
+    /// 4096, each beside the raw AF_XDP rate of its frames, interleaved (root).
+    Goodput(GoodputArgs),
+    /// One WRITE goodput test printed as perftest's ib_write_bw prints it, with the raw
+    /// AF_XDP ceiling of its frames (root).
+    Write(OneArgs),
+    /// One READ goodput test in ib_read_bw's style, with its raw ceiling (root).
+    Read(OneArgs),
+    /// One SEND goodput test in ib_send_bw's style, with its raw ceiling (root).
+    Send(OneArgs),
+}
+
+#[derive(Args)]
+struct GoodputArgs {
+    /// Message sizes, bytes, comma-separated (default 64 B to 1 MiB by factors of 4).
+    #[arg(short = 's', long, value_delimiter = ',')]
+    size: Vec<usize>,
+    /// Verbs, comma-separated: write, read, send.
+    #[arg(long, value_delimiter = ',', value_parser = ["write", "read", "send"])]
+    op: Vec<String>,
+    /// One IB MTU only (1024 or 4096).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    /// Seconds each stream runs.
+    #[arg(long, default_value_t = 0.25)]
+    secs: f64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Raw frames per measurement.
+    #[arg(long, default_value_t = 200_000)]
+    frames: u64,
+    /// Messages in flight (default: by size, 4 MiB in flight, 4 to 128 messages).
+    #[arg(short = 't', long)]
+    tx_depth: Option<usize>,
+    /// 64 B and 64 KiB only, 0.1 s streams, one repetition (for CI: seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct OneArgs {
+    /// Message size in bytes.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    size: usize,
+    /// IB MTU (1024 or 4096).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Seconds the test runs, per repetition (perftest's -D).
+    #[arg(short = 'D', long, default_value_t = 2.0)]
+    duration: f64,
+    /// Messages in flight (perftest's -t; default: by size, 4 to 128).
+    #[arg(short = 't', long)]
+    tx_depth: Option<usize>,
+    /// Repetitions.
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -606,9 +671,9 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 ..Default::default()
             };
             if let Some(b) = a.mtu {
-                match Mtu::from_bytes(b) {
-                    Some(m @ (Mtu::Mtu1024 | Mtu::Mtu4096)) => o.mtus = vec![m],
-                    _ => return failed("bench ceiling", &format!("-m {b}: 1024 or 4096")),
+                match bench_mtu(b) {
+                    Ok(m) => o.mtus = vec![m],
+                    Err(e) => return failed("bench ceiling", &e),
                 }
             }
             if a.quick {
@@ -620,6 +685,73 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 apps::bench::ceiling::ceiling(&o, say)
             })
         }
+        BenchCmd::Goodput(a) => {
+            let mut o = GoodputOpts {
+                stream: Duration::from_secs_f64(a.secs.clamp(0.02, 60.0)),
+                reps: a.reps,
+                raw_frames: a.frames,
+                depth: a.tx_depth,
+                ..Default::default()
+            };
+            if !a.size.is_empty() {
+                o.sizes = a.size;
+            }
+            if !a.op.is_empty() {
+                o.ops = a.op.iter().map(|n| stream_op(n)).collect();
+            }
+            if let Some(b) = a.mtu {
+                match bench_mtu(b) {
+                    Ok(m) => o.mtus = vec![m],
+                    Err(e) => return failed("bench goodput", &e),
+                }
+            }
+            if a.quick {
+                o = o.quick();
+            }
+            bench_out("bench goodput", a.json, |say| {
+                apps::bench::goodput::goodput(&o, say)
+            })
+        }
+        BenchCmd::Write(a) => bench_one("write", a),
+        BenchCmd::Read(a) => bench_one("read", a),
+        BenchCmd::Send(a) => bench_one("send", a),
+    }
+}
+
+/// `bench write|read|send`: one size of one verb, in perftest's style.
+fn bench_one(verb: &str, a: OneArgs) -> ExitCode {
+    let what = format!("bench {verb}");
+    let mtu = match bench_mtu(a.mtu) {
+        Ok(m) => m,
+        Err(e) => return failed(&what, &e),
+    };
+    let o = GoodputOpts {
+        sizes: vec![a.size],
+        ops: vec![stream_op(verb)],
+        mtus: vec![mtu],
+        stream: Duration::from_secs_f64(a.duration.clamp(0.02, 600.0)),
+        reps: a.reps,
+        depth: a.tx_depth,
+        perftest_style: true,
+        ..Default::default()
+    };
+    bench_out(&what, a.json, |say| apps::bench::goodput::goodput(&o, say))
+}
+
+/// The stream a verb's name (as the options spell it) runs.
+fn stream_op(name: &str) -> Stream {
+    match name {
+        "read" => Stream::Read,
+        "send" => Stream::Send,
+        _ => Stream::Write,
+    }
+}
+
+/// The IB MTUs a bench can set up a link for.
+fn bench_mtu(bytes: u32) -> Result<Mtu, String> {
+    match Mtu::from_bytes(bytes) {
+        Some(m @ (Mtu::Mtu1024 | Mtu::Mtu4096)) => Ok(m),
+        _ => Err(format!("-m {bytes}: 1024 or 4096")),
     }
 }
 

@@ -1481,3 +1481,82 @@ fn bench_ceiling_reports_raw_and_rc_frame_rates_at_both_mtus() {
     }
     assert!(rows[1]["link"].as_str().unwrap().contains("multi-buffer"));
 }
+
+/// `bench goodput --quick`: every verb at both sizes and both MTUs measured beside its
+/// raw frame rate (a benchmark: only that each figure exists and adds up is checked).
+#[test]
+fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
+    if !need_root() {
+        return;
+    }
+    let j = bench_json(&["goodput", "--quick"]);
+    assert_eq!(j["bench"], "goodput");
+    let rows = j["mtus"].as_array().unwrap();
+    let mtus: Vec<_> = rows.iter().map(|r| r["ib_mtu"].as_u64().unwrap()).collect();
+    assert_eq!(mtus, [1024, 4096]);
+    for r in rows {
+        let mtu = r["ib_mtu"].as_u64().unwrap();
+        let sizes = r["sizes"].as_array().unwrap();
+        let got: Vec<_> = sizes.iter().map(|p| p["size"].as_u64().unwrap()).collect();
+        assert_eq!(got, [64, 65536]);
+        for p in sizes {
+            let size = p["size"].as_u64().unwrap();
+            // A 64 B WRITE ONLY carries a RETH; a 64 KiB message is full WRITE MIDDLEs.
+            let frame = if size < mtu {
+                14 + 20 + 8 + 12 + 16 + size + 4
+            } else {
+                14 + 20 + 8 + 12 + mtu + 4
+            };
+            assert_eq!(p["frame_bytes"].as_u64(), Some(frame), "{mtu}/{size}");
+            assert_eq!(p["frames_per_msg"].as_u64(), Some(size.div_ceil(mtu)));
+            assert!(p["raw_pps"][0].as_f64().unwrap() > 0.0);
+            for op in ["WRITE", "READ", "SEND"] {
+                let f = &p["ops"][op];
+                let (gbps, rate) = (
+                    f["gbps"][0].as_f64().unwrap(),
+                    f["msg_rate"][0].as_f64().unwrap(),
+                );
+                assert!(gbps > 0.0 && rate > 0.0, "{mtu}/{size} {op}: {f}");
+                // Goodput is the message rate times the message.
+                let want = rate * size as f64 * 8.0 / 1e9;
+                assert!((gbps - want).abs() <= want * 1e-6, "{mtu}/{size} {op}: {f}");
+                assert!(f["ratio_to_raw"].as_f64().unwrap() > 0.0);
+            }
+        }
+    }
+}
+
+/// `bench send -s 4096`: one test printed in ib_send_bw's layout, with the raw ceiling.
+#[test]
+fn bench_send_prints_one_test_as_perftest_does() {
+    if !need_root() {
+        return;
+    }
+    let out = std::process::Command::new(bin())
+        .args(["bench", "send", "-s", "4096", "-D", "0.1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("RDMA_SEND BW Test"), "{text}");
+    assert!(
+        text.contains("#bytes     #iterations    BW peak[Gb/sec]"),
+        "{text}"
+    );
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("4096 "))
+        .unwrap_or_else(|| panic!("no 4096-byte row: {text}"));
+    let cols: Vec<f64> = row.split_whitespace().map(|c| c.parse().unwrap()).collect();
+    assert_eq!(cols.len(), 5, "{row}");
+    assert!(
+        cols[1] > 0.0 && cols[3] > 0.0 && cols[4] > 0.0 && cols[2] >= cols[3],
+        "{row}"
+    );
+    assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
+}

@@ -170,11 +170,24 @@ pub fn pingpong(a: &Endpoint, b: &Endpoint, size: usize, iters: u64) -> Result<R
     })
 }
 
-/// Which one-sided operation a stream runs.
+/// Which operation a stream runs: WRITEs (A into B), READs (A from B), or SENDs (A to
+/// B's receive queue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
     Write,
     Read,
+    Send,
+}
+
+impl Stream {
+    /// The verb's name, as perftest and the tables print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Write => "WRITE",
+            Stream::Read => "READ",
+            Stream::Send => "SEND",
+        }
+    }
 }
 
 /// A stream of `total` bytes of WRITEs (A into B) or READs (A from B) in messages of
@@ -206,13 +219,58 @@ pub fn stream_while(
 ) -> Result<Report, String> {
     let slots = depth.min(a.mem.len() / size).min(b.mem.len() / size).max(1);
     let (src, dst) = match op {
-        Stream::Write => (a, b),
+        Stream::Write | Stream::Send => (a, b),
         Stream::Read => (b, a),
     };
+    // SENDs land in B's receive buffers, which sit after the slots: twice as many as
+    // A has in flight, so that B reposting after A's completions never leaves A
+    // without one (an RNR NAK would measure the test, not the NIC).
+    let recvs = if op == Stream::Send {
+        (2 * slots).min(dst.mem.len() / size - slots)
+    } else {
+        0
+    };
+    if op == Stream::Send && recvs < slots {
+        return Err(format!(
+            "SEND stream: B's {} bytes hold {slots} messages of {size} and not {} receive buffers",
+            dst.mem.len(),
+            2 * slots
+        ));
+    }
+    let rbuf = |i: usize| (slots + i % recvs.max(1)) * size;
     let data = pattern(0x57ea + op as u64, size * slots);
     src.mem.write(0, &data).map_err(mem_err)?;
-    dst.mem.fill(0, size * slots, 0).map_err(mem_err)?;
-    let (mut posted, mut done) = (0u64, 0u64);
+    dst.mem
+        .fill(0, size * (slots + recvs), 0)
+        .map_err(mem_err)?;
+    for i in 0..recvs {
+        b.qp.post_recv(&RecvWr::new(i as u64, &[b.sge(rbuf(i), size)]))
+            .map_err(|e| e.to_string())?;
+    }
+    let (mut posted, mut done, mut received) = (0u64, 0u64, 0u64);
+    // B's receive completions, drained whenever A completes something; each one is
+    // checked and its buffer posted again.
+    let drain_b = |received: &mut u64| -> Result<(), String> {
+        while let Some(w) = b.cq.poll_one() {
+            if w.status != crate::verbs::WcStatus::Success
+                || w.opcode != WcOpcode::Recv
+                || w.byte_len as usize != size
+            {
+                return Err(format!(
+                    "B's receive {} completed {:?} {} with {} bytes, not {size}",
+                    w.wr_id,
+                    w.opcode,
+                    w.status.name(),
+                    w.byte_len
+                ));
+            }
+            let i = w.wr_id as usize;
+            b.qp.post_recv(&RecvWr::new(w.wr_id, &[b.sge(rbuf(i), size)]))
+                .map_err(|e| e.to_string())?;
+            *received += 1;
+        }
+        Ok(())
+    };
     let mut open = true;
     let start = Instant::now();
     loop {
@@ -223,19 +281,12 @@ pub fn stream_while(
             }
             let slot = (posted % slots as u64) as usize;
             let off = slot * size;
+            let sge = [a.sge(off, size)];
+            let (addr, rkey) = (b.mr.addr + off as u64, b.mr.rkey);
             let wr = match op {
-                Stream::Write => SendWr::write(
-                    posted,
-                    &[a.sge(off, size)],
-                    b.mr.addr + off as u64,
-                    b.mr.rkey,
-                ),
-                Stream::Read => SendWr::read(
-                    posted,
-                    &[a.sge(off, size)],
-                    b.mr.addr + off as u64,
-                    b.mr.rkey,
-                ),
+                Stream::Write => SendWr::write(posted, &sge, addr, rkey),
+                Stream::Read => SendWr::read(posted, &sge, addr, rkey),
+                Stream::Send => SendWr::send(posted, &sge),
             };
             a.qp.post_send(&wr).map_err(|e| e.to_string())?;
             posted += 1;
@@ -245,17 +296,70 @@ pub fn stream_while(
         }
         a.next_ok(STALL)?;
         done += 1;
+        if recvs > 0 {
+            drain_b(&mut received)?;
+        }
         prog.set(done * size as u64);
     }
     let elapsed = start.elapsed();
     prog.finish();
-    // Slots used at least once (all of them unless the stream was short).
-    let written = done.min(slots as u64) as usize * size;
-    check(
-        "stream destination",
-        dst.mem.to_vec(0, written).map_err(mem_err)?,
-        &data[..written],
-    )?;
+    if recvs > 0 {
+        // A's last completions came with B's ACKs; B's receive completions for them
+        // were written before those ACKs left, so they are there or on their way.
+        let t = Instant::now();
+        while received < done && t.elapsed() < STALL {
+            drain_b(&mut received)?;
+            b.cq.wait(Duration::from_millis(10));
+        }
+        if received != done {
+            return Err(format!("B received {received} of {done} SENDs"));
+        }
+        // The last buffers each slot's message went to: message k (slot k % slots) in
+        // receive buffer k % recvs (B's receives complete in order, RC).
+        let last = done.saturating_sub(recvs as u64);
+        for k in last..done {
+            let (slot, rb) = ((k % slots as u64) as usize, (k % recvs as u64) as usize);
+            check(
+                "SEND stream receive buffer",
+                dst.mem.to_vec(rbuf(rb), size).map_err(mem_err)?,
+                &data[slot * size..(slot + 1) * size],
+            )?;
+        }
+        // B still has `recvs` receives posted, for messages of this size: use them up
+        // with empty SENDs (not measured), so that a later stream of a larger size on
+        // the same QPs does not land in them (Remote Invalid Request, IBA 9.7.5.2.5).
+        let mut left = recvs as u64;
+        while left > 0 {
+            let n = left.min(slots as u64);
+            for i in 0..n {
+                a.qp.post_send(&SendWr::send(u64::MAX - i, &[]))
+                    .map_err(|e| e.to_string())?;
+            }
+            for _ in 0..n {
+                a.next_ok(STALL)?;
+            }
+            let mut got = 0;
+            while got < n {
+                let w = b.next_ok(STALL)?;
+                if w.opcode != WcOpcode::Recv || w.byte_len != 0 {
+                    return Err(format!(
+                        "B: {:?} of {} bytes, not an empty SEND",
+                        w.opcode, w.byte_len
+                    ));
+                }
+                got += 1;
+            }
+            left -= n;
+        }
+    } else {
+        // Slots used at least once (all of them unless the stream was short).
+        let written = done.min(slots as u64) as usize * size;
+        check(
+            "stream destination",
+            dst.mem.to_vec(0, written).map_err(mem_err)?,
+            &data[..written],
+        )?;
+    }
     Ok(Report {
         ops: done,
         bytes: done * size as u64,

@@ -14,8 +14,8 @@ use crate::link::xdp::{XdpConfig, XdpLink};
 use crate::netns::Pair;
 use crate::verbs::Mtu;
 use crate::wire::{
-    BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RoceRepr,
-    UdpRepr,
+    BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RethRepr,
+    RoceRepr, UdpRepr,
 };
 use crossbeam::channel as mpsc;
 use std::net::{IpAddr, Ipv4Addr};
@@ -150,7 +150,7 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
     for &mtu in &o.mtus {
         let netdev_mtu = if mtu == Mtu::Mtu4096 { 4200 } else { 1500 };
         let pair = Pair::new("roce-ceil", 22, netdev_mtu)?;
-        let frame = raw_frame(&pair, mtu)?;
+        let frame = raw_frame(&pair, mtu, 65536)?;
         say(&format!(
             "IB MTU {}: {} ({}) and {} ({}), {}-byte frames",
             mtu.bytes(),
@@ -193,10 +193,22 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
     })
 }
 
-/// A full-size WRITE MIDDLE from A to B (to a QP nobody has: only the receiver's ring
-/// code sees it).
-fn raw_frame(pair: &Pair, mtu: Mtu) -> Result<Vec<u8>, String> {
-    let payload = vec![0x3cu8; mtu.bytes() as usize];
+/// The frame an RC WRITE of `size` bytes at `mtu` sends most of, from A to B (to a QP
+/// nobody has: only the receiver's ring code sees it): a WRITE MIDDLE of a full MTU, or
+/// for a message that fits one frame, a WRITE ONLY with its RETH.
+pub(super) fn raw_frame(pair: &Pair, mtu: Mtu, size: usize) -> Result<Vec<u8>, String> {
+    let full = size >= mtu.bytes() as usize;
+    let payload = vec![0x3cu8; size.min(mtu.bytes() as usize)];
+    let (opcode, reth) = if full {
+        (Opcode::RC_RDMA_WRITE_MIDDLE, None)
+    } else {
+        let reth = RethRepr {
+            va: 0x10000,
+            rkey: 0x1234,
+            dma_len: size as u32,
+        };
+        (Opcode::RC_RDMA_WRITE_ONLY, Some(reth))
+    };
     let repr = FrameRepr {
         eth: EthRepr {
             dst: pair.b.mac(&pair.ifname)?,
@@ -210,8 +222,11 @@ fn raw_frame(pair: &Pair, mtu: Mtu) -> Result<Vec<u8>, String> {
             dst_port: ROCE_V2_PORT,
         },
         roce: RoceRepr {
-            bth: BthRepr::new(Opcode::RC_RDMA_WRITE_MIDDLE, 0x7f_0001, Psn::new(1)),
-            ext: ExtRepr::default(),
+            bth: BthRepr::new(opcode, 0x7f_0001, Psn::new(1)),
+            ext: ExtRepr {
+                reth,
+                ..ExtRepr::default()
+            },
             payload: &payload,
         },
     };
@@ -225,7 +240,7 @@ fn raw_frame(pair: &Pair, mtu: Mtu) -> Result<Vec<u8>, String> {
 
 /// Sends `count` copies of `frame` from A's AF_XDP link as fast as the rings take them
 /// and counts what B's link receives: frames per second from B's first to its last.
-fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
+pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
     let open = |ns: String, ifname: String, ip: Ipv4Addr| {
         move || -> Result<XdpLink, String> {
             crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;

@@ -15,6 +15,7 @@
 //! does not grow.
 
 pub mod ceiling;
+pub mod goodput;
 pub mod latency;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};

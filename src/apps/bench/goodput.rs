@@ -1,0 +1,412 @@
+//! `bench goodput`: RC WRITE, READ and SEND goodput (payload delivered and completed)
+//! for messages of 64 B to 1 MiB at IB MTU 1024 and 4096, each beside the raw AF_XDP
+//! rate of the frame that message is carried in, measured in the same run between the
+//! same interfaces (the project's ring code with no RoCE work, counted at the
+//! receiver). A message of `size` bytes at IB MTU `m` is `ceil(size / m)` frames; the
+//! ratio is RC frames per second over raw frames per second, so 1.0 means roce-xdp
+//! costs nothing over the rings. For messages that fit one frame it is also the message
+//! rate over the raw frame rate (issue 11: 64 B message rate >= 0.80).
+//!
+//! The raw frame is a WRITE ONLY with its RETH (or a full WRITE MIDDLE): a SEND ONLY is
+//! 16 bytes shorter and a READ response ONLY 12, which changes little at these rates.
+//!
+//! `bench write|read|send` run one size of one verb and print it as perftest's
+//! `ib_*_bw` prints its result, with the raw ceiling beside it.
+
+use super::super::progress::Progress;
+use super::super::workload::{self, Stream};
+use super::ceiling::{raw_frame, raw_rate};
+use super::median;
+use crate::netns::Pair;
+use crate::verbs::Mtu;
+use std::time::{Duration, Instant};
+
+/// What `bench goodput` does.
+#[derive(Debug, Clone)]
+pub struct GoodputOpts {
+    /// Message sizes, bytes.
+    pub sizes: Vec<usize>,
+    pub ops: Vec<Stream>,
+    pub mtus: Vec<Mtu>,
+    /// How long each stream runs.
+    pub stream: Duration,
+    pub reps: usize,
+    /// Raw frames per measurement.
+    pub raw_frames: u64,
+    /// Messages in flight (`None`: by size, 4 MiB in flight, from 4 to 128 messages).
+    pub depth: Option<usize>,
+    /// Print as perftest's `ib_*_bw` prints (`bench write|read|send`).
+    pub perftest_style: bool,
+}
+
+/// 64 B to 1 MiB by factors of 4.
+pub fn default_sizes() -> Vec<usize> {
+    (0..8).map(|k| 64usize << (2 * k)).collect()
+}
+
+impl Default for GoodputOpts {
+    fn default() -> Self {
+        GoodputOpts {
+            sizes: default_sizes(),
+            ops: vec![Stream::Write, Stream::Read, Stream::Send],
+            mtus: vec![Mtu::Mtu1024, Mtu::Mtu4096],
+            stream: Duration::from_millis(250),
+            reps: 3,
+            raw_frames: 200_000,
+            depth: None,
+            perftest_style: false,
+        }
+    }
+}
+
+impl GoodputOpts {
+    /// For CI: 64 B and 64 KiB, short streams, one repetition (seconds).
+    pub fn quick(mut self) -> Self {
+        self.sizes = vec![64, 65536];
+        self.stream = self.stream.min(Duration::from_millis(100));
+        self.reps = 1;
+        self.raw_frames = self.raw_frames.min(30_000);
+        self
+    }
+
+    /// Messages in flight for `size`.
+    pub fn depth_for(&self, size: usize) -> usize {
+        self.depth
+            .unwrap_or_else(|| ((4 << 20) / size.max(1)).clamp(4, 128))
+            .max(1)
+    }
+}
+
+/// One verb at one size and MTU: a figure per repetition.
+#[derive(Debug, Clone, Default)]
+pub struct OpFigures {
+    /// Payload Gbit/s (decimal).
+    pub gbps: Vec<f64>,
+    /// Messages per second.
+    pub msg_rate: Vec<f64>,
+}
+
+/// One message size at one MTU.
+#[derive(Debug, Clone)]
+pub struct GoodputPoint {
+    pub size: usize,
+    /// The raw frame's length on the wire, and frames per message.
+    pub frame_bytes: usize,
+    pub frames_per_msg: u64,
+    pub depth: usize,
+    /// Raw frames per second the receiver took, per repetition.
+    pub raw_pps: Vec<f64>,
+    /// Per verb, in the order of the options.
+    pub ops: Vec<(Stream, OpFigures)>,
+    /// Payload bytes one raw frame carries (the message, or a full MTU).
+    pub payload_per_frame: usize,
+}
+
+impl GoodputPoint {
+    /// The raw rate as payload Gbit/s (what the frames would carry of this message).
+    pub fn raw_gbps(&self) -> f64 {
+        median(self.raw_pps.clone()) * self.payload_per_frame as f64 * 8.0 / 1e9
+    }
+
+    fn figures(&self, op: Stream) -> Option<&OpFigures> {
+        self.ops.iter().find(|(o, _)| *o == op).map(|(_, f)| f)
+    }
+
+    /// Median over repetitions of RC frames/s over raw frames/s in the same repetition.
+    pub fn ratio(&self, op: Stream) -> f64 {
+        let Some(f) = self.figures(op) else {
+            return 0.0;
+        };
+        median(
+            f.msg_rate
+                .iter()
+                .zip(&self.raw_pps)
+                .map(|(m, r)| m * self.frames_per_msg as f64 / r.max(1e-9))
+                .collect(),
+        )
+    }
+
+    pub fn gbps(&self, op: Stream) -> f64 {
+        self.figures(op).map_or(0.0, |f| median(f.gbps.clone()))
+    }
+
+    pub fn msg_rate(&self, op: Stream) -> f64 {
+        self.figures(op).map_or(0.0, |f| median(f.msg_rate.clone()))
+    }
+
+    /// The lowest and highest figure of the repetitions.
+    fn spread(v: &[f64]) -> (f64, f64) {
+        v.iter()
+            .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)))
+    }
+}
+
+/// All sizes at one MTU.
+#[derive(Debug, Clone)]
+pub struct GoodputRow {
+    pub mtu: Mtu,
+    pub link: String,
+    pub points: Vec<GoodputPoint>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GoodputReport {
+    pub opts: GoodputOpts,
+    pub rows: Vec<GoodputRow>,
+}
+
+impl GoodputReport {
+    fn sweep_table(&self) -> String {
+        let mut s = format!(
+            "roce-xdp bench goodput: RC goodput (payload delivered and completed) beside the raw \
+             AF_XDP rate of its frames, between two namespaces on veth; {:.2} s per stream, \
+             {} raw frames per measurement, {} repetition(s), medians\n",
+            self.opts.stream.as_secs_f64(),
+            self.opts.raw_frames,
+            self.opts.reps
+        );
+        for row in &self.rows {
+            s.push_str(&format!("\nIB MTU {}; {}\n", row.mtu.bytes(), row.link));
+            s.push_str(&format!(
+                "{:>8} {:>6} {:>5} {:>9} {:>8}",
+                "size", "frame", "depth", "raw Mpps", "raw Gb/s"
+            ));
+            for &op in &self.opts.ops {
+                s.push_str(&format!(" | {:>5} Gb/s  Kmsg/s  /raw", op.name()));
+            }
+            s.push('\n');
+            for p in &row.points {
+                s.push_str(&format!(
+                    "{:>8} {:>6} {:>5} {:>9.3} {:>8.2}",
+                    size_name(p.size),
+                    p.frame_bytes,
+                    p.depth,
+                    median(p.raw_pps.clone()) / 1e6,
+                    p.raw_gbps()
+                ));
+                for &op in &self.opts.ops {
+                    s.push_str(&format!(
+                        " | {:>10.2}  {:>6.1}  {:>4.2}",
+                        p.gbps(op),
+                        p.msg_rate(op) / 1e3,
+                        p.ratio(op)
+                    ));
+                }
+                s.push('\n');
+            }
+        }
+        s.push_str(
+            "\n/raw: RC frames per second over raw frames per second of the same size in the same \
+             repetition (1.00 = the rings' own rate)\n",
+        );
+        s
+    }
+
+    /// As perftest's `ib_write_bw` (and read, send) prints its result, one line per size,
+    /// then the raw ceiling of the same frames.
+    fn perftest_table(&self) -> String {
+        let mut s = String::new();
+        for row in &self.rows {
+            for &op in &self.opts.ops {
+                s.push_str(&format!(
+                    "---------------------------------------------------------------------------------------\n\
+                     \x20                   RDMA_{} BW Test (roce-xdp bench)\n\
+                     \x20Connection type : RC\t\tLink : {}\n\
+                     \x20Mtu             : {}[B]\n\
+                     \x20Duration        : {:.2} s per repetition, {} repetition(s)\n\
+                     ---------------------------------------------------------------------------------------\n\
+                     \x20#bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n",
+                    op.name(),
+                    row.link,
+                    row.mtu.bytes(),
+                    self.opts.stream.as_secs_f64(),
+                    self.opts.reps
+                ));
+                for p in &row.points {
+                    let Some(f) = p.figures(op) else { continue };
+                    let (_, peak) = GoodputPoint::spread(&f.gbps);
+                    let iters: f64 = f
+                        .msg_rate
+                        .iter()
+                        .map(|r| r * self.opts.stream.as_secs_f64())
+                        .sum();
+                    s.push_str(&format!(
+                        " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}\n",
+                        p.size,
+                        iters.round() as u64,
+                        peak,
+                        p.gbps(op),
+                        p.msg_rate(op) / 1e6
+                    ));
+                }
+                s.push_str(
+                    "---------------------------------------------------------------------------------------\n",
+                );
+                for p in &row.points {
+                    s.push_str(&format!(
+                        " raw AF_XDP, {}-byte frames: {:.3} Mpps ({:.2} Gb/sec of this payload); \
+                         {} / raw = {:.2}\n",
+                        p.frame_bytes,
+                        median(p.raw_pps.clone()) / 1e6,
+                        p.raw_gbps(),
+                        op.name(),
+                        p.ratio(op)
+                    ));
+                }
+            }
+        }
+        s
+    }
+}
+
+fn size_name(size: usize) -> String {
+    match size {
+        s if s >= 1 << 20 && s % (1 << 20) == 0 => format!("{} MiB", s >> 20),
+        s if s >= 1 << 10 && s % (1 << 10) == 0 => format!("{} KiB", s >> 10),
+        s => format!("{s} B"),
+    }
+}
+
+impl super::BenchReport for GoodputReport {
+    fn table(&self) -> String {
+        if self.opts.perftest_style {
+            self.perftest_table()
+        } else {
+            self.sweep_table()
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "bench": "goodput",
+            "stream_secs": self.opts.stream.as_secs_f64(),
+            "raw_frames": self.opts.raw_frames,
+            "reps": self.opts.reps,
+            "mtus": self.rows.iter().map(|row| serde_json::json!({
+                "ib_mtu": row.mtu.bytes(),
+                "link": row.link,
+                "sizes": row.points.iter().map(|p| serde_json::json!({
+                    "size": p.size,
+                    "frame_bytes": p.frame_bytes,
+                    "frames_per_msg": p.frames_per_msg,
+                    "depth": p.depth,
+                    "raw_pps": p.raw_pps,
+                    "raw_gbps": p.raw_gbps(),
+                    "ops": p.ops.iter().map(|(op, f)| (op.name().to_string(), serde_json::json!({
+                        "gbps": f.gbps,
+                        "msg_rate": f.msg_rate,
+                        "median_gbps": p.gbps(*op),
+                        "median_msg_rate": p.msg_rate(*op),
+                        "ratio_to_raw": p.ratio(*op),
+                    }))).collect::<serde_json::Map<_, _>>(),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Runs `bench goodput` (root: it creates namespaces and attaches XDP programs).
+pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputReport, String> {
+    if o.sizes.is_empty() || o.ops.is_empty() || o.mtus.is_empty() || o.reps == 0 {
+        return Err("the sizes, verbs, MTUs and repetitions must not be empty".into());
+    }
+    if o.raw_frames < 2 {
+        return Err("--frames: at least 2".into());
+    }
+    if let Some(&s) = o.sizes.iter().find(|&&s| !(1..=1 << 24).contains(&s)) {
+        return Err(format!("size {s}: 1 B to 16 MiB"));
+    }
+    crate::netns::available()?;
+    crate::host::check_xdp_privileges()?;
+    // Each side registers room for its slots and B for twice as many receive buffers
+    // (SEND), at the largest size.
+    let mem = o
+        .sizes
+        .iter()
+        .map(|&s| 3 * s * o.depth_for(s))
+        .max()
+        .unwrap_or(0)
+        + 8192;
+    let mut rows = Vec::new();
+    for &mtu in &o.mtus {
+        let netdev_mtu = if mtu == Mtu::Mtu4096 { 4200 } else { 1500 };
+        let pair = Pair::new("roce-good", 23, netdev_mtu)?;
+        say(&format!(
+            "IB MTU {}: {} ({}) and {} ({})",
+            mtu.bytes(),
+            pair.a.name,
+            pair.ip_a,
+            pair.b.name,
+            pair.ip_b
+        ));
+        let m = mtu.bytes() as usize;
+        let mut points = Vec::new();
+        let mut frames = Vec::new();
+        for &size in &o.sizes {
+            let f = raw_frame(&pair, mtu, size)?;
+            points.push(GoodputPoint {
+                size,
+                frame_bytes: f.len(),
+                frames_per_msg: size.div_ceil(m) as u64,
+                depth: o.depth_for(size),
+                raw_pps: Vec::new(),
+                ops: o.ops.iter().map(|&op| (op, OpFigures::default())).collect(),
+                payload_per_frame: size.min(m),
+            });
+            frames.push(f);
+        }
+        let mut link = String::new();
+        // Warm-up of both, not counted.
+        raw_rate(&pair, &frames[0], o.raw_frames.min(20_000))?;
+        {
+            let (a, b) = super::rc_pair(&pair, Some(mtu), mem, false)?;
+            let t = Instant::now();
+            workload::stream_while(
+                &a,
+                &b,
+                o.ops[0],
+                o.sizes[0],
+                16,
+                &mut Progress::hidden(),
+                |_| t.elapsed() < Duration::from_millis(100),
+            )?;
+        }
+        for rep in 0..o.reps {
+            for (p, f) in points.iter_mut().zip(&frames) {
+                p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
+            }
+            let (a, b) = super::rc_pair(&pair, Some(mtu), mem, false)?;
+            link = a.dev.info().link.clone();
+            for p in points.iter_mut() {
+                let mut line = format!(
+                    "  rep {} {}: raw {:.3} Mpps",
+                    rep + 1,
+                    size_name(p.size),
+                    p.raw_pps[rep] / 1e6
+                );
+                for (op, figs) in p.ops.iter_mut() {
+                    let t = Instant::now();
+                    let r = workload::stream_while(
+                        &a,
+                        &b,
+                        *op,
+                        p.size,
+                        p.depth,
+                        &mut Progress::hidden(),
+                        |_| t.elapsed() < o.stream,
+                    )
+                    .map_err(|e| format!("{} of {} at IB MTU {}: {e}", op.name(), p.size, m))?;
+                    figs.gbps.push(r.gbps());
+                    figs.msg_rate.push(r.rate());
+                    line.push_str(&format!(", {} {:.2} Gbit/s", op.name(), r.gbps()));
+                }
+                say(&line);
+            }
+        }
+        rows.push(GoodputRow { mtu, link, points });
+    }
+    Ok(GoodputReport {
+        opts: o.clone(),
+        rows,
+    })
+}
