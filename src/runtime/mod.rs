@@ -417,7 +417,9 @@ impl CqShared {
     }
 
     /// Queues a completion (engine thread) and signals the channel if the CQ is armed
-    /// for it. False when full.
+    /// for it. False when full. A thread blocked in [`Cq::wait`] is not woken here but
+    /// by [`wake_waiters`](Self::wake_waiters) once per batch: a wake per completion
+    /// cost the engine a futex call per message while the waiter was still waking up.
     pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
         // SAFETY: `resize` runs only on a device with one engine thread, the one that
         // pushes, so the box is live here without counting.
@@ -438,10 +440,16 @@ impl CqShared {
         {
             ch.notify(*token);
         }
+        true
+    }
+
+    /// Wakes the threads blocked in [`Cq::wait`], after a batch of [`push`](Self::push)es.
+    pub(crate) fn wake_waiters(&self) {
+        // Against `wait`'s increment then emptiness check (both SeqCst): either it sees
+        // the batch or this sees it waiting.
         if self.waiting.load(Ordering::SeqCst) > 0 {
             wake(&self.lock, &self.cv);
         }
-        true
     }
 
     fn is_empty(&self) -> bool {

@@ -1068,6 +1068,8 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
         sh.done
             .store(l.engine.srq_taken(*id) + refused, Ordering::SeqCst);
     }
+    // Waiters are woken once per CQ and batch (completions of one CQ come together).
+    let mut last: Option<&Arc<CqShared>> = None;
     l.engine.take_touched_cqs(|cq, wc, solicited| {
         if let Some(c) = cqs.get(&cq) {
             if c.push(wc, solicited) {
@@ -1075,8 +1077,16 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
             } else {
                 lost.push((cq, wc.qp_num));
             }
+            if !last.is_some_and(|p| Arc::ptr_eq(p, c)) {
+                if let Some(p) = last.replace(c) {
+                    p.wake_waiters();
+                }
+            }
         }
     });
+    if let Some(p) = last {
+        p.wake_waiters();
+    }
     if handed {
         l.set.pulse.beat();
     }
