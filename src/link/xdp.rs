@@ -203,9 +203,33 @@ impl XdpLink {
                 .build()
         };
         let try_bind = |mode: BindFlags| {
-            // SAFETY: the UMEM outlives the socket (both live in `Queue`, the UMEM is
-            // reference counted by xsk-rs), and this UMEM is bound to one socket only.
-            unsafe { Socket::new(sock_cfg(mode), &umem, &iface, id) }
+            // A queue whose last socket was just closed stays bound until the kernel's
+            // deferred UMEM release runs (EBUSY for a moment): a bench that opens the
+            // interface again right after an engine on it stopped met that. Waits up
+            // to 2 s for it.
+            let start = std::time::Instant::now();
+            loop {
+                // SAFETY: the UMEM outlives the socket (both live in `Queue`, the UMEM
+                // is reference counted by xsk-rs), and this UMEM is bound to one socket
+                // only.
+                let r = unsafe { Socket::new(sock_cfg(mode), &umem, &iface, id) };
+                let errno = r.as_ref().err().and_then(|e| {
+                    std::error::Error::source(e)
+                        .and_then(|s| s.downcast_ref::<std::io::Error>())
+                        .and_then(|io| io.raw_os_error())
+                });
+                match errno {
+                    Some(libc::EBUSY) if start.elapsed() < std::time::Duration::from_secs(2) => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    _ => {
+                        return r.map_err(|e| match errno {
+                            Some(n) => format!("{e} ({})", std::io::Error::from_raw_os_error(n)),
+                            None => e.to_string(),
+                        });
+                    }
+                }
+            }
         };
         let (sock, zero_copy) = match cfg.zero_copy {
             Some(true) => (
