@@ -158,6 +158,9 @@ struct GoodputArgs {
     /// Messages in flight (default: by size, 4 MiB in flight, 4 to 128 messages).
     #[arg(short = 't', long)]
     tx_depth: Option<usize>,
+    /// The engines poll without sleeping.
+    #[arg(long)]
+    busy_poll: bool,
     /// 64 B and 64 KiB only, 0.1 s streams, one repetition (for CI: seconds).
     #[arg(long)]
     quick: bool,
@@ -183,6 +186,9 @@ struct OneArgs {
     /// Repetitions.
     #[arg(long, default_value_t = 1)]
     reps: usize,
+    /// The engines poll without sleeping.
+    #[arg(long)]
+    busy_poll: bool,
     /// Print the report as one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -691,6 +697,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 reps: a.reps,
                 raw_frames: a.frames,
                 depth: a.tx_depth,
+                busy_poll: a.busy_poll,
                 ..Default::default()
             };
             if !a.size.is_empty() {
@@ -733,6 +740,7 @@ fn bench_one(verb: &str, a: OneArgs) -> ExitCode {
         reps: a.reps,
         depth: a.tx_depth,
         perftest_style: true,
+        busy_poll: a.busy_poll,
         ..Default::default()
     };
     bench_out(&what, a.json, |say| apps::bench::goodput::goodput(&o, say))
