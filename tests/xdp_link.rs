@@ -1510,6 +1510,8 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
             assert_eq!(p["frame_bytes"].as_u64(), Some(frame), "{mtu}/{size}");
             assert_eq!(p["frames_per_msg"].as_u64(), Some(size.div_ceil(mtu)));
             assert!(p["raw_pps"][0].as_f64().unwrap() > 0.0);
+            assert!(p["udp_pps"][0].as_f64().unwrap() > 0.0);
+            assert_eq!(p["udp_payload"].as_u64(), Some(size.min(mtu)));
             for op in ["WRITE", "READ", "SEND"] {
                 let f = &p["ops"][op];
                 let (gbps, rate) = (
@@ -1521,6 +1523,7 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
                 let want = rate * size as f64 * 8.0 / 1e9;
                 assert!((gbps - want).abs() <= want * 1e-6, "{mtu}/{size} {op}: {f}");
                 assert!(f["ratio_to_raw"].as_f64().unwrap() > 0.0);
+                assert!(f["ratio_to_udp"].as_f64().unwrap() > 0.0);
             }
         }
     }
@@ -1559,4 +1562,5 @@ fn bench_send_prints_one_test_as_perftest_does() {
         "{row}"
     );
     assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
+    assert!(text.contains("kernel UDP, 1024-byte datagrams"), "{text}");
 }

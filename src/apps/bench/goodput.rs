@@ -17,6 +17,7 @@ use super::super::progress::Progress;
 use super::super::workload::{self, Stream};
 use super::ceiling::{raw_frame, raw_rate};
 use super::median;
+use super::udp::udp_rate;
 use crate::netns::Pair;
 use crate::verbs::Mtu;
 use std::time::{Duration, Instant};
@@ -102,6 +103,9 @@ pub struct GoodputPoint {
     pub depth: usize,
     /// Raw frames per second the receiver took, per repetition.
     pub raw_pps: Vec<f64>,
+    /// Kernel UDP datagrams (`sendmmsg`/`recvmmsg`) of the same payload per second the
+    /// receiver took, per repetition.
+    pub udp_pps: Vec<f64>,
     /// Per verb, in the order of the options.
     pub ops: Vec<(Stream, OpFigures)>,
     /// Payload bytes one raw frame carries (the message, or a full MTU).
@@ -112,6 +116,27 @@ impl GoodputPoint {
     /// The raw rate as payload Gbit/s (what the frames would carry of this message).
     pub fn raw_gbps(&self) -> f64 {
         median(self.raw_pps.clone()) * self.payload_per_frame as f64 * 8.0 / 1e9
+    }
+
+    /// The kernel UDP rate as payload Gbit/s.
+    pub fn udp_gbps(&self) -> f64 {
+        median(self.udp_pps.clone()) * self.payload_per_frame as f64 * 8.0 / 1e9
+    }
+
+    /// Median over repetitions of RC goodput over kernel UDP goodput in the same
+    /// repetition (a message of several frames against datagrams of one frame's payload).
+    pub fn udp_ratio(&self, op: Stream) -> f64 {
+        let Some(f) = self.figures(op) else {
+            return 0.0;
+        };
+        let per = self.payload_per_frame as f64 * 8.0 / 1e9;
+        median(
+            f.gbps
+                .iter()
+                .zip(&self.udp_pps)
+                .map(|(g, u)| g / (u * per).max(1e-12))
+                .collect(),
+        )
     }
 
     fn figures(&self, op: Stream) -> Option<&OpFigures> {
@@ -177,28 +202,30 @@ impl GoodputReport {
         for row in &self.rows {
             s.push_str(&format!("\nIB MTU {}; {}\n", row.mtu.bytes(), row.link));
             s.push_str(&format!(
-                "{:>8} {:>6} {:>5} {:>9} {:>8}",
-                "size", "frame", "depth", "raw Mpps", "raw Gb/s"
+                "{:>8} {:>6} {:>5} {:>9} {:>8} {:>8}",
+                "size", "frame", "depth", "raw Mpps", "raw Gb/s", "UDP Gb/s"
             ));
             for &op in &self.opts.ops {
-                s.push_str(&format!(" | {:>5} Gb/s  Kmsg/s  /raw", op.name()));
+                s.push_str(&format!(" | {:>5} Gb/s  Kmsg/s  /raw  /UDP", op.name()));
             }
             s.push('\n');
             for p in &row.points {
                 s.push_str(&format!(
-                    "{:>8} {:>6} {:>5} {:>9.3} {:>8.2}",
+                    "{:>8} {:>6} {:>5} {:>9.3} {:>8.2} {:>8.2}",
                     size_name(p.size),
                     p.frame_bytes,
                     p.depth,
                     median(p.raw_pps.clone()) / 1e6,
-                    p.raw_gbps()
+                    p.raw_gbps(),
+                    p.udp_gbps()
                 ));
                 for &op in &self.opts.ops {
                     s.push_str(&format!(
-                        " | {:>10.2}  {:>6.1}  {:>4.2}",
+                        " | {:>10.2}  {:>6.1}  {:>4.2}  {:>4.2}",
                         p.gbps(op),
                         p.msg_rate(op) / 1e3,
-                        p.ratio(op)
+                        p.ratio(op),
+                        p.udp_ratio(op)
                     ));
                 }
                 s.push('\n');
@@ -206,7 +233,9 @@ impl GoodputReport {
         }
         s.push_str(
             "\n/raw: RC frames per second over raw frames per second of the same size in the same \
-             repetition (1.00 = the rings' own rate)\n",
+             repetition (1.00 = the rings' own rate)\n\
+             /UDP: RC goodput over the kernel's UDP sockets (sendmmsg/recvmmsg, 64 per call) \
+             carrying datagrams of one frame's payload in the same repetition\n",
         );
         s
     }
@@ -254,12 +283,18 @@ impl GoodputReport {
                 for p in &row.points {
                     s.push_str(&format!(
                         " raw AF_XDP, {}-byte frames: {:.3} Mpps ({:.2} Gb/sec of this payload); \
-                         {} / raw = {:.2}\n",
+                         {} / raw = {:.2}\n\
+                         \x20kernel UDP, {}-byte datagrams (sendmmsg/recvmmsg): {:.2} Gb/sec; \
+                         {} / UDP = {:.2}\n",
                         p.frame_bytes,
                         median(p.raw_pps.clone()) / 1e6,
                         p.raw_gbps(),
                         op.name(),
-                        p.ratio(op)
+                        p.ratio(op),
+                        p.payload_per_frame,
+                        p.udp_gbps(),
+                        op.name(),
+                        p.udp_ratio(op)
                     ));
                 }
             }
@@ -302,12 +337,16 @@ impl super::BenchReport for GoodputReport {
                     "depth": p.depth,
                     "raw_pps": p.raw_pps,
                     "raw_gbps": p.raw_gbps(),
+                    "udp_payload": p.payload_per_frame,
+                    "udp_pps": p.udp_pps,
+                    "udp_gbps": p.udp_gbps(),
                     "ops": p.ops.iter().map(|(op, f)| (op.name().to_string(), serde_json::json!({
                         "gbps": f.gbps,
                         "msg_rate": f.msg_rate,
                         "median_gbps": p.gbps(*op),
                         "median_msg_rate": p.msg_rate(*op),
                         "ratio_to_raw": p.ratio(*op),
+                        "ratio_to_udp": p.udp_ratio(*op),
                         "acks_per_msg": f.acks_per_msg,
                     }))).collect::<serde_json::Map<_, _>>(),
                 })).collect::<Vec<_>>(),
@@ -361,6 +400,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 frames_per_msg: size.div_ceil(m) as u64,
                 depth: o.depth_for(size),
                 raw_pps: Vec::new(),
+                udp_pps: Vec::new(),
                 ops: o.ops.iter().map(|&op| (op, OpFigures::default())).collect(),
                 payload_per_frame: size.min(m),
             });
@@ -385,15 +425,18 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         for rep in 0..o.reps {
             for (p, f) in points.iter_mut().zip(&frames) {
                 p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
+                p.udp_pps
+                    .push(udp_rate(&pair, p.payload_per_frame, o.raw_frames)?.0);
             }
             let (a, b) = super::rc_pair(&pair, Some(mtu), mem, o.busy_poll)?;
             link = a.dev.info().link.clone();
             for p in points.iter_mut() {
                 let mut line = format!(
-                    "  rep {} {}: raw {:.3} Mpps",
+                    "  rep {} {}: raw {:.3} Mpps, UDP {:.3} Mpps",
                     rep + 1,
                     size_name(p.size),
-                    p.raw_pps[rep] / 1e6
+                    p.raw_pps[rep] / 1e6,
+                    p.udp_pps[rep] / 1e6
                 );
                 for (op, figs) in p.ops.iter_mut() {
                     let acks0 = b.dev.counters().map_err(|e| e.to_string())?.acks_sent;

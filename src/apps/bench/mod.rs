@@ -17,6 +17,7 @@
 pub mod ceiling;
 pub mod goodput;
 pub mod latency;
+pub mod udp;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
 use super::progress::Progress;
