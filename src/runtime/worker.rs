@@ -1077,10 +1077,10 @@ fn deliver(l: &mut Locals, events: &EventSink, overflowed: &mut Vec<u32>) {
             } else {
                 lost.push((cq, wc.qp_num));
             }
-            if !last.is_some_and(|p| Arc::ptr_eq(p, c)) {
-                if let Some(p) = last.replace(c) {
-                    p.wake_waiters();
-                }
+            if !last.is_some_and(|p| Arc::ptr_eq(p, c))
+                && let Some(p) = last.replace(c)
+            {
+                p.wake_waiters();
             }
         }
     });
