@@ -77,9 +77,13 @@ fn mixed_64mib(netdev_mtu: u32, third: u8, want: Mtu) {
         "every kind ran: {:?}",
         m.per_kind
     );
-    // Nothing lost on a clean veth, nothing malformed.
-    assert_eq!(ca.drops(), 0, "{ca}");
-    assert_eq!(cb.drops(), 0, "{cb}");
+    // Nothing lost on a clean veth, nothing malformed. On a loaded host an ACK can be
+    // later than the round-trip timer allows: A then sends again, and the answers to
+    // the copies are stale, which is the only drop allowed, and only then.
+    let own =
+        |c: &roce_xdp::engine::Counters| c.drop_stale_response * u64::from(c.fast_retransmits > 0);
+    assert_eq!(ca.drops() - own(&ca), 0, "{ca}");
+    assert_eq!(cb.drops() - own(&cb), 0, "{cb}");
     assert_eq!(ca.drop_bad_icrc + cb.drop_bad_icrc, 0);
     let x = a.dev.stats().xdp.expect("XDP counters");
     assert!(x.redirected > 0, "{x:?}");

@@ -131,6 +131,13 @@ impl Qp {
         if next.is_after(self.req.comp_psn) {
             self.req.comp_psn = next;
             self.req.retrying = false;
+            self.req.fast_backoff = 0;
+            if let Some((p, t)) = self.req.probe
+                && next.is_after(p)
+            {
+                self.req.probe = None;
+                self.req.sample_rtt(now.0.saturating_sub(t.0));
+            }
             self.skip_acked();
         }
         self.req.reset_retries(&self.attr);
@@ -144,6 +151,7 @@ impl Qp {
         } else {
             None
         };
+        self.req.arm_fast(now, &self.attr);
     }
 
     fn on_ack(&mut self, ctx: &mut Ctx, now: Time, psn: Psn, s: Syndrome) {
@@ -384,6 +392,7 @@ impl Qp {
         } else {
             None
         };
+        self.req.arm_fast(now, &self.attr);
     }
 
     /// Sets the send queue back so the next packet sent is `psn`'s (IBA 9.7.4.2.6).
@@ -416,6 +425,8 @@ impl Qp {
         }
         self.req.cur = first;
         self.req.noack = 0;
+        // Karn: a round trip that may have been answered by a retransmission is no sample.
+        self.req.probe = None;
     }
 
     /// Timers of this QP that are due.
@@ -428,6 +439,33 @@ impl Qp {
             if matches!(self.state, QpState::Rts | QpState::Sqd) && self.req.inflight() > 0 {
                 ctx.counters.timeouts += 1;
                 self.retry(ctx, now, true);
+            }
+        }
+        if self.req.fast_timer.is_some_and(|t| t <= now) {
+            self.req.fast_timer = None;
+            // Nothing came back within a few round trips: the last packets or their
+            // ACK or NAK were lost (a responder NAKs a gap once, IBA 9.7.5.1.2). Go back
+            // now rather than at the QP's timeout, which stays armed and alone counts
+            // against retry_cnt (a dead peer still fails after retry_cnt timeouts).
+            // Not when a READ or atomic is the oldest outstanding: its answer can be
+            // a long response stream the responder sends in PSN order after what it
+            // owes before it, and asking again would have all of it sent twice.
+            let read_first = self
+                .req
+                .sq
+                .iter()
+                .find(|w| w.assigned && !matches!(w.state, WqeState::Done(_)))
+                .is_some_and(|w| w.wr.opcode.is_read_or_atomic());
+            if matches!(self.state, QpState::Rts | QpState::Sqd)
+                && self.req.inflight() > 0
+                && self.req.rnr_until.is_none()
+                && !read_first
+            {
+                ctx.counters.fast_retransmits += 1;
+                self.req.fast_backoff = (self.req.fast_backoff + 1).min(16);
+                self.req.retrying = true;
+                self.rewind(self.req.comp_psn);
+                self.req.arm_fast(now, &self.attr);
             }
         }
     }

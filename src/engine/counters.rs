@@ -44,6 +44,9 @@ pub struct Counters {
     pub retransmitted_pkts: u64,
     /// Requester: retransmit timer expiries.
     pub timeouts: u64,
+    /// Requester: go-back-N retransmissions started by the timer the measured round
+    /// trip sets, before the QP's timeout (they do not use up retry_cnt).
+    pub fast_retransmits: u64,
     /// NAKs sent, by kind.
     pub nak_seq_sent: u64,
     pub nak_inv_req_sent: u64,
@@ -88,7 +91,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, rxe's first.
-    pub fn named(&self) -> [(&'static str, u64); 38] {
+    pub fn named(&self) -> [(&'static str, u64); 39] {
         [
             ("sent_pkts", self.sent_pkts),
             ("rcvd_pkts", self.rcvd_pkts),
@@ -106,6 +109,7 @@ impl Counters {
             ("rdma_recvs", self.rdma_recvs),
             ("retransmitted_pkts", self.retransmitted_pkts),
             ("timeouts", self.timeouts),
+            ("fast_retransmits", self.fast_retransmits),
             ("nak_seq_sent", self.nak_seq_sent),
             ("nak_inv_req_sent", self.nak_inv_req_sent),
             ("nak_rem_access_sent", self.nak_rem_access_sent),
@@ -155,6 +159,9 @@ impl Counters {
             "rdma_recvs" => "receive work requests completed",
             "retransmitted_pkts" => "request packets sent again",
             "timeouts" => "retransmit timer expiries",
+            "fast_retransmits" => {
+                "retransmissions after a few measured round trips without an answer"
+            }
             "nak_seq_sent" => "PSN sequence error NAKs sent",
             "nak_inv_req_sent" => "invalid request NAKs sent",
             "nak_rem_access_sent" => "remote access error NAKs sent (bad R_Key, bounds, rights)",
@@ -201,6 +208,7 @@ impl Counters {
         self.rdma_recvs += o.rdma_recvs;
         self.retransmitted_pkts += o.retransmitted_pkts;
         self.timeouts += o.timeouts;
+        self.fast_retransmits += o.fast_retransmits;
         self.nak_seq_sent += o.nak_seq_sent;
         self.nak_inv_req_sent += o.nak_inv_req_sent;
         self.nak_rem_access_sent += o.nak_rem_access_sent;

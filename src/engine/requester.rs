@@ -157,6 +157,24 @@ pub(crate) struct Requester {
     pub rnr_until: Option<Time>,
     /// A retry is under way; further NAKs of the same episode are ignored (as rxe).
     pub retrying: bool,
+    /// The round trip measured on acknowledged packets (RFC 6298's smoothed mean and
+    /// mean deviation, ns; 0 before the first sample).
+    pub srtt: u64,
+    pub rttvar: u64,
+    /// The longest recent round trip (each sample takes 1/16 off it first): a host
+    /// whose threads wait for a core now and then sees long ones that the mean and
+    /// deviation smooth away, and a timer shorter than them would retransmit what is
+    /// only late.
+    pub rtt_max: u64,
+    /// The packet being timed: its PSN and when it first left (one at a time, never a
+    /// retransmitted one: Karn's rule).
+    pub probe: Option<(Psn, Time)>,
+    /// Retransmit deadline from the measured round trip, well before the QP's own
+    /// timeout; it retransmits without using up `retry_cnt` (only the QP's timer,
+    /// `timer`, counts as the spec's timeout).
+    pub fast_timer: Option<Time>,
+    /// Consecutive `fast_timer` expiries without progress (each doubles the next).
+    pub fast_backoff: u32,
     draining: bool,
     drain_notified: bool,
     /// WQEs that left the send queue (completed or flushed), ever.
@@ -193,10 +211,46 @@ impl Requester {
     }
 
     pub fn deadline(&self) -> Option<Time> {
-        match (self.timer, self.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [self.timer, self.rnr_until, self.fast_timer]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Takes one round-trip sample (RFC 6298 2.2 and 2.3).
+    pub fn sample_rtt(&mut self, ns: u64) {
+        self.rtt_max = (self.rtt_max - self.rtt_max / 16).max(ns);
+        if self.srtt == 0 {
+            self.srtt = ns.max(1);
+            self.rttvar = ns / 2;
+        } else {
+            self.rttvar = (3 * self.rttvar + self.srtt.abs_diff(ns)) / 4;
+            self.srtt = ((7 * self.srtt + ns) / 8).max(1);
         }
+    }
+
+    /// The retransmit timeout the measured round trip gives (srtt + 4 rttvar, or four
+    /// times the longest recent round trip, at least [`FAST_RTO_MIN_NS`], doubled per expiry
+    /// without progress); `None` before a round trip was measured, for a QP without a
+    /// timeout, or once it would not come before the QP's own timer.
+    pub fn fast_rto(&self, a: &QpAttr) -> Option<u64> {
+        if a.timeout == 0 || self.srtt == 0 {
+            return None;
+        }
+        let rto = (self.srtt + 4 * self.rttvar)
+            .max(4 * self.rtt_max)
+            .max(FAST_RTO_MIN_NS)
+            << self.fast_backoff.min(16);
+        (rto < timeout_ns(a.timeout)).then_some(rto)
+    }
+
+    /// (Re)starts the round-trip retransmit timer while packets are outstanding.
+    pub fn arm_fast(&mut self, now: Time, a: &QpAttr) {
+        self.fast_timer = if self.inflight() > 0 {
+            self.fast_rto(a).map(|d| now.add_nanos(d))
+        } else {
+            None
+        };
     }
 
     /// True when some WQE has packets to send and nothing blocks them.
@@ -447,6 +501,7 @@ impl Qp {
         }
         if self.req.sq.is_empty() {
             self.req.timer = None;
+            self.req.fast_timer = None;
         }
     }
 
@@ -676,7 +731,8 @@ impl Qp {
         })?;
         // Book-keeping after the packet is built.
         let w = &mut self.req.sq[idx];
-        if pkt_index < w.sent_hi {
+        let first_send = pkt_index >= w.sent_hi;
+        if !first_send {
             ctx.counters.retransmitted_pkts += 1;
         }
         w.sent_hi = w.sent_hi.max(pkt_index + 1);
@@ -692,6 +748,9 @@ impl Qp {
         };
         if ack_req {
             self.req.noack = 0;
+            if first_send && self.req.probe.is_none() {
+                self.req.probe = Some((psn, now));
+            }
         } else {
             self.req.noack += 1;
         }
@@ -707,6 +766,9 @@ impl Qp {
         }
         if rc && self.req.timer.is_none() && self.attr.timeout != 0 {
             self.req.timer = Some(now.add_nanos(timeout_ns(self.attr.timeout)));
+        }
+        if rc && self.req.fast_timer.is_none() {
+            self.req.arm_fast(now, &self.attr);
         }
         Some(n)
     }
@@ -780,6 +842,10 @@ impl Qp {
 }
 
 /// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
+/// The least retransmit timeout the measured round trip may give: about a scheduler
+/// tick, so that a late ACK on a busy host is not taken for a lost packet.
+pub(crate) const FAST_RTO_MIN_NS: u64 = 1_000_000;
+
 pub(crate) fn timeout_ns(t: u8) -> u64 {
     4096u64 << u32::from(t.min(31))
 }
