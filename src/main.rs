@@ -133,6 +133,34 @@ enum BenchCmd {
     Read(OneArgs),
     /// One SEND goodput test in ib_send_bw's style, with its raw ceiling (root).
     Send(OneArgs),
+    /// RC WRITE goodput with 1% and 2% random loss each way (nftables) beside no loss,
+    /// interleaved, with the retransmissions and timeouts it took (root).
+    Loss(LossArgs),
+}
+
+#[derive(Args)]
+struct LossArgs {
+    /// Percent lost each way, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2])]
+    loss: Vec<u32>,
+    /// WRITE message size in bytes.
+    #[arg(short = 's', long, default_value_t = 65536)]
+    size: usize,
+    /// IB MTU (1024 or 4096).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Seconds each stream runs.
+    #[arg(long, default_value_t = 1.0)]
+    secs: f64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// 0.3 s streams, one repetition (for CI: seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -718,6 +746,24 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
             bench_out("bench goodput", a.json, |say| {
                 apps::bench::goodput::goodput(&o, say)
             })
+        }
+        BenchCmd::Loss(a) => {
+            let mut o = apps::bench::loss::LossOpts {
+                percents: a.loss,
+                size: a.size,
+                stream: Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
+                reps: a.reps,
+                ..Default::default()
+            };
+            match bench_mtu(a.mtu) {
+                Ok(m) => o.mtu = m,
+                Err(e) => return failed("bench loss", &e),
+            }
+            if a.quick {
+                o.stream = o.stream.min(Duration::from_millis(300));
+                o.reps = 1;
+            }
+            bench_out("bench loss", a.json, |say| apps::bench::loss::loss(&o, say))
         }
         BenchCmd::Write(a) => bench_one("write", a),
         BenchCmd::Read(a) => bench_one("read", a),

@@ -382,6 +382,17 @@ impl Bridged {
         })
     }
 
+    /// Drops `percent`% of the RoCEv2 frames towards end `i` from now on, in place of
+    /// what [`lose`](Self::lose) or this set before (0: none).
+    pub fn set_loss(&self, i: usize, percent: u32) -> Result<(), String> {
+        let table = format!("loss{i}");
+        let _ = self.mid.exec(&["nft", "delete", "table", "netdev", &table]);
+        if percent > 0 {
+            self.lose(i, percent)?;
+        }
+        Ok(())
+    }
+
     /// Packets the loss rule of end `i` dropped so far.
     pub fn lost(&self, i: usize) -> u64 {
         let out = self

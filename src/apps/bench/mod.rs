@@ -17,6 +17,7 @@
 pub mod ceiling;
 pub mod goodput;
 pub mod latency;
+pub mod loss;
 pub mod udp;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
@@ -107,16 +108,34 @@ pub(crate) fn rc_pair(
     mem: usize,
     busy: bool,
 ) -> Result<(Endpoint, Endpoint), String> {
+    rc_connect(
+        [(&pair.a.name, pair.ip_a), (&pair.b.name, pair.ip_b)],
+        &pair.ifname,
+        mtu,
+        mem,
+        busy,
+    )
+}
+
+/// As [`rc_pair`], for the engines in namespaces `ends` (name, address), each on its
+/// interface `ifname`.
+pub(crate) fn rc_connect(
+    ends: [(&str, Ipv4Addr); 2],
+    ifname: &str,
+    mtu: Option<crate::verbs::Mtu>,
+    mem: usize,
+    busy: bool,
+) -> Result<(Endpoint, Endpoint), String> {
     let open = |ns: &str| {
-        let mut c = RuntimeConfig::xdp(&pair.ifname);
+        let mut c = RuntimeConfig::xdp(ifname);
         c.netns = Some(ns.to_string());
         c.busy_poll = busy;
         let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
         Endpoint::new(d, &EndpointOpts::new(QpType::Rc, mem)).map_err(|e| e.to_string())
     };
-    let (a, b) = (open(&pair.a.name)?, open(&pair.b.name)?);
+    let (a, b) = (open(ends[0].0)?, open(ends[1].0)?);
     let mtu = mtu.unwrap_or(a.dev.info().port_mtu);
-    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let (ip_a, ip_b) = (IpAddr::V4(ends[0].1), IpAddr::V4(ends[1].1));
     let (psn_a, psn_b) = (0x100, 0x200);
     a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
         .map_err(|e| e.to_string())?;
