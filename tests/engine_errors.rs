@@ -489,3 +489,43 @@ fn a_full_send_queue_refuses_the_next_wr_and_recovers() {
     let (wa, _, _) = run_for_completions(&mut s, cq, 1, sb.cq, 0, 5);
     assert_eq!((wa[0].wr_id, wa[0].status), (5, WcStatus::Success));
 }
+
+/// The last packet of a WRITE is lost, so the responder sees no gap and says nothing:
+/// the requester must not sit out its QP timeout (here 2^14 x 4.096 us, 67 ms) but go
+/// back after a few of the round trips it measured, without using up retry_cnt.
+#[test]
+fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_qp_timeout() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 14);
+    // Round trips to measure: ten WRITEs, each acknowledged.
+    for i in 0..10 {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::write(i, &[sge(&sa, 0, 100)], sb.mr.addr, sb.mr.rkey),
+        )
+        .unwrap();
+        assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::Success);
+    }
+    // Three packets from PSN 1010: drop the third, once.
+    let mut dropped = false;
+    s.link.filter = Some(Box::new(move |dir, f| {
+        let Ok(f) = Frame::parse(f) else { return false };
+        if dir == 0 && !dropped && f.roce().bth().psn().value() == 1012 {
+            dropped = true;
+            return true;
+        }
+        false
+    }));
+    let t0 = s.now;
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(99, &[sge(&sa, 0, 3000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (99, WcStatus::Success));
+    let took = s.now.0 - t0.0;
+    let c = s.a.counters();
+    assert!(took < 10_000_000, "{took} ns: {c}");
+    assert_eq!((c.fast_retransmits, c.timeouts), (1, 0), "{c}");
+    assert!(c.retransmitted_pkts >= 1, "{c}");
+}

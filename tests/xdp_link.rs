@@ -1568,3 +1568,28 @@ fn bench_send_prints_one_test_as_perftest_does() {
     assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
     assert!(text.contains("kernel UDP, 1024-byte datagrams"), "{text}");
 }
+
+/// `bench loss --quick`: lossless and both loss rates measured, the loss visible in
+/// what nftables dropped and what A sent again (a benchmark: no figure's size is checked).
+#[test]
+fn bench_loss_reports_goodput_beside_lossless_with_what_recovery_took() {
+    if !need_root() {
+        return;
+    }
+    let j = bench_json(&["loss", "--quick"]);
+    assert_eq!(j["bench"], "loss");
+    assert_eq!(j["percents"], serde_json::json!([1, 2]));
+    let reps = j["reps"].as_array().unwrap();
+    assert_eq!(reps.len(), 1);
+    let clean = &reps[0]["lossless"];
+    assert!(clean["gbps"].as_f64().unwrap() > 0.0);
+    assert_eq!(clean["dropped"].as_u64(), Some(0), "{clean}");
+    for x in reps[0]["lossy"].as_array().unwrap() {
+        assert!(x["gbps"].as_f64().unwrap() > 0.0, "{x}");
+        assert!(x["dropped"].as_u64().unwrap() > 0, "{x}");
+        assert!(x["retransmitted"].as_u64().unwrap() > 0, "{x}");
+    }
+    for r in j["ratios"].as_array().unwrap() {
+        assert!(r["to_lossless"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}
