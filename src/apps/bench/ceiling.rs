@@ -6,8 +6,7 @@
 //! of the same size. Issue 11's targets are ratios of these (WRITE >= 0.95, READ
 //! >= 0.90 of the raw rate).
 
-use super::super::progress::Progress;
-use super::super::workload::{self, Stream};
+use super::super::workload::Stream;
 use super::median;
 use crate::link::FrameLink;
 use crate::link::xdp::{XdpConfig, XdpLink};
@@ -19,7 +18,7 @@ use crate::wire::{
 };
 use crossbeam::channel as mpsc;
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What `bench ceiling` does.
 #[derive(Debug, Clone)]
@@ -260,23 +259,7 @@ pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, Str
                 return Err(e);
             }
         };
-        let (mut got, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
-        let start = Instant::now();
-        // Bounded: all of them, or 300 ms without one once they came, or 30 s.
-        while got < count && start.elapsed() < Duration::from_secs(30) {
-            let n = link.recv(256, &mut |_| {});
-            if n > 0 {
-                let now = Instant::now();
-                first.get_or_insert(now);
-                last = now;
-                got += n as u64;
-            } else if first.is_some() && last.elapsed() > Duration::from_millis(300) {
-                break;
-            } else {
-                std::thread::yield_now();
-            }
-        }
-        Ok((got, first.map_or(Duration::ZERO, |f| last - f)))
+        super::count_arrivals(count, || Ok(link.recv(256, &mut |_| {}) as u64))
     });
     ready_rx
         .recv()
@@ -294,10 +277,7 @@ pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, Str
     let (got, span) = receiver
         .join()
         .map_err(|_| "the raw receiver panicked".to_string())??;
-    if got < 2 {
-        return Err(format!("the raw receiver took {got} of {count} frames"));
-    }
-    Ok((got - 1) as f64 / span.as_secs_f64().max(1e-9))
+    super::arrival_rate(got, span, count, "raw frames")
 }
 
 /// RC WRITE then READ streams of 64 KiB messages, `span` each, between engines in the
@@ -313,10 +293,7 @@ fn rc_rates(
     *link = a.dev.info().link.clone();
     let per_frame = f64::from(mtu.bytes());
     let rate = |op| -> Result<f64, String> {
-        let t = Instant::now();
-        let r = workload::stream_while(&a, &b, op, size, 16, &mut Progress::hidden(), |_| {
-            t.elapsed() < span
-        })?;
+        let r = super::stream_for(&a, &b, op, size, 16, span)?;
         Ok(r.bytes as f64 / per_frame / r.elapsed.as_secs_f64().max(1e-9))
     };
     let w = rate(Stream::Write)?;

@@ -13,14 +13,13 @@
 //! `bench write|read|send` run one size of one verb and print it as perftest's
 //! `ib_*_bw` prints its result, with the raw ceiling beside it.
 
-use super::super::progress::Progress;
-use super::super::workload::{self, Stream};
+use super::super::workload::Stream;
 use super::ceiling::{raw_frame, raw_rate};
 use super::median;
 use super::udp::udp_rate;
 use crate::netns::Pair;
 use crate::verbs::Mtu;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What `bench goodput` does.
 #[derive(Debug, Clone)]
@@ -411,16 +410,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         raw_rate(&pair, &frames[0], o.raw_frames.min(20_000))?;
         {
             let (a, b) = super::rc_pair(&pair, Some(mtu), mem, false)?;
-            let t = Instant::now();
-            workload::stream_while(
-                &a,
-                &b,
-                o.ops[0],
-                o.sizes[0],
-                16,
-                &mut Progress::hidden(),
-                |_| t.elapsed() < Duration::from_millis(100),
-            )?;
+            super::stream_for(&a, &b, o.ops[0], o.sizes[0], 16, Duration::from_millis(100))?;
         }
         for rep in 0..o.reps {
             for (p, f) in points.iter_mut().zip(&frames) {
@@ -440,19 +430,8 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 );
                 for (op, figs) in p.ops.iter_mut() {
                     let acks0 = b.dev.counters().map_err(|e| e.to_string())?.acks_sent;
-                    let t = Instant::now();
-                    let r = workload::stream_while(
-                        &a,
-                        &b,
-                        *op,
-                        p.size,
-                        p.depth,
-                        &mut Progress::hidden(),
-                        // The clock every 16 messages: reading it costs a small
-                        // message's poster as much as posting.
-                        |n| n % 16 != 0 || t.elapsed() < o.stream,
-                    )
-                    .map_err(|e| format!("{} of {} at IB MTU {}: {e}", op.name(), p.size, m))?;
+                    let r = super::stream_for(&a, &b, *op, p.size, p.depth, o.stream)
+                        .map_err(|e| format!("{} of {} at IB MTU {}: {e}", op.name(), p.size, m))?;
                     figs.gbps.push(r.gbps());
                     figs.msg_rate.push(r.rate());
                     let acks = b.dev.counters().map_err(|e| e.to_string())?.acks_sent - acks0;

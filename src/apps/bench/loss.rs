@@ -7,12 +7,11 @@
 //! the spec's (a PSN sequence error NAK on the first gap, IBA 9.7.5.1.2); everything
 //! else is the requester's.
 
-use super::super::progress::Progress;
-use super::super::workload::{self, Stream};
+use super::super::workload::Stream;
 use super::median;
 use crate::netns::Bridged;
 use crate::verbs::Mtu;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What `bench loss` does.
 #[derive(Debug, Clone)]
@@ -186,17 +185,8 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
         br.set_loss(0, pct)?;
         br.set_loss(1, pct)?;
         let c0 = a.dev.counters().map_err(|e| e.to_string())?;
-        let t = Instant::now();
-        let r = workload::stream_while(
-            &a,
-            &b,
-            Stream::Write,
-            o.size,
-            depth,
-            &mut Progress::hidden(),
-            |n| n % 16 != 0 || t.elapsed() < o.stream,
-        )
-        .map_err(|e| format!("WRITE stream at {pct}% loss: {e}"))?;
+        let r = super::stream_for(&a, &b, Stream::Write, o.size, depth, o.stream)
+            .map_err(|e| format!("WRITE stream at {pct}% loss: {e}"))?;
         let c1 = a.dev.counters().map_err(|e| e.to_string())?;
         let x = LossRun {
             gbps: r.gbps(),
@@ -212,18 +202,14 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
         Ok(x)
     };
     // Warm-up, not counted.
-    {
-        let t = Instant::now();
-        workload::stream_while(
-            &a,
-            &b,
-            Stream::Write,
-            o.size,
-            depth,
-            &mut Progress::hidden(),
-            |_| t.elapsed() < Duration::from_millis(200),
-        )?;
-    }
+    super::stream_for(
+        &a,
+        &b,
+        Stream::Write,
+        o.size,
+        depth,
+        Duration::from_millis(200),
+    )?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
         let clean = run(0)?;

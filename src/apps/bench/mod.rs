@@ -144,6 +144,60 @@ pub(crate) fn rc_connect(
     Ok((a, b))
 }
 
+/// A stream of `op` in messages of `size`, `depth` in flight, for `span` (the clock is
+/// read every 16 messages: reading it costs a small message's poster as much as posting).
+pub(crate) fn stream_for(
+    a: &Endpoint,
+    b: &Endpoint,
+    op: Stream,
+    size: usize,
+    depth: usize,
+    span: Duration,
+) -> Result<workload::Report, String> {
+    let t = Instant::now();
+    workload::stream_while(a, b, op, size, depth, &mut Progress::hidden(), |n| {
+        n % 16 != 0 || t.elapsed() < span
+    })
+}
+
+/// A receiver's count: calls `recv` (how many arrived now) until `count` came, or
+/// 300 ms passed without one once they came, or 30 s; returns how many came and the
+/// time from the first to the last.
+pub(crate) fn count_arrivals(
+    count: u64,
+    mut recv: impl FnMut() -> Result<u64, String>,
+) -> Result<(u64, Duration), String> {
+    let (mut got, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
+    let start = Instant::now();
+    while got < count && start.elapsed() < Duration::from_secs(30) {
+        let n = recv()?;
+        if n > 0 {
+            let now = Instant::now();
+            first.get_or_insert(now);
+            last = now;
+            got += n;
+        } else if first.is_some() && last.elapsed() > Duration::from_millis(300) {
+            break;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    Ok((got, first.map_or(Duration::ZERO, |f| last - f)))
+}
+
+/// Arrivals per second from [`count_arrivals`]' figures (the first opens the span).
+pub(crate) fn arrival_rate(
+    got: u64,
+    span: Duration,
+    count: u64,
+    what: &str,
+) -> Result<f64, String> {
+    if got < 2 {
+        return Err(format!("the receiver took {got} of {count} {what}"));
+    }
+    Ok((got - 1) as f64 / span.as_secs_f64().max(1e-9))
+}
+
 /// Sends `count` frames from `link` as fast as its rings take them, cycling through
 /// `frames`, then lets the last ones leave; at most 60 s. Returns how many were sent.
 pub(crate) fn send_frames(link: &mut XdpLink, count: u64, frames: &[Vec<u8>]) -> u64 {

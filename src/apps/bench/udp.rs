@@ -50,10 +50,7 @@ pub fn udp_rate(pair: &Pair, payload: usize, count: u64) -> Result<(f64, u64), S
         };
         let mut bufs = vec![vec![0u8; payload.max(1)]; BATCH];
         let mut hdrs = MultiHeaders::<()>::preallocate(BATCH, None);
-        let (mut got, mut first, mut last) = (0u64, None::<Instant>, Instant::now());
-        let start = Instant::now();
-        // Bounded: all of them, or 300 ms without one once they came, or 30 s.
-        while got < count && start.elapsed() < Duration::from_secs(30) {
+        super::count_arrivals(count, || {
             let mut iovs: Vec<[IoSliceMut; 1]> =
                 bufs.iter_mut().map(|b| [IoSliceMut::new(b)]).collect();
             let r = recvmmsg(
@@ -63,23 +60,12 @@ pub fn udp_rate(pair: &Pair, payload: usize, count: u64) -> Result<(f64, u64), S
                 MsgFlags::MSG_DONTWAIT,
                 None::<TimeSpec>,
             );
-            let n = match r {
-                Ok(res) => res.count() as u64,
-                Err(nix::errno::Errno::EAGAIN) => 0,
-                Err(e) => return Err(format!("recvmmsg: {e}")),
-            };
-            if n > 0 {
-                let now = Instant::now();
-                first.get_or_insert(now);
-                last = now;
-                got += n;
-            } else if first.is_some() && last.elapsed() > Duration::from_millis(300) {
-                break;
-            } else {
-                std::thread::yield_now();
+            match r {
+                Ok(res) => Ok(res.count() as u64),
+                Err(nix::errno::Errno::EAGAIN) => Ok(0),
+                Err(e) => Err(format!("recvmmsg: {e}")),
             }
-        }
-        Ok((got, first.map_or(Duration::ZERO, |f| last - f)))
+        })
     });
     let to = ready_rx
         .recv()
@@ -125,8 +111,5 @@ pub fn udp_rate(pair: &Pair, payload: usize, count: u64) -> Result<(f64, u64), S
     let (got, span) = receiver
         .join()
         .map_err(|_| "the UDP receiver panicked".to_string())??;
-    if got < 2 {
-        return Err(format!("the UDP receiver took {got} of {count} datagrams"));
-    }
-    Ok(((got - 1) as f64 / span.as_secs_f64().max(1e-9), got))
+    Ok((super::arrival_rate(got, span, count, "UDP datagrams")?, got))
 }
