@@ -73,6 +73,9 @@ pub(crate) struct Channel {
     q: Arc<Queue>,
     /// IDs using the channel (it is not destroyed under them).
     users: Mutex<usize>,
+    /// Threads that have called `rdma_get_cm_event` on it (a few: a program's event
+    /// thread and perhaps its main thread).
+    readers: Mutex<Vec<std::thread::ThreadId>>,
 }
 
 // SAFETY: `ibv` holds only the fd, written once at creation; the rest is locked.
@@ -195,6 +198,25 @@ impl Channel {
 }
 
 /// Channels not yet destroyed (a destroyed one's pointer is refused, not dereferenced).
+/// Channels destroyed lately: the pointer, the destroying thread, and the threads that
+/// had read events from it. rping's event thread acknowledges DISCONNECTED, which lets
+/// main's `rdma_destroy_id` return, and main destroys the channel; if main gets there
+/// before the event thread is back in `rdma_get_cm_event`, that call finds the channel
+/// gone. Under librdmacm it would be in its blocking read by then and stay there until
+/// the process ends; so a reader other than the destroyer waits like that here too,
+/// where the destroyer itself (a use after its own destroy) gets EINVAL.
+type DeadChannel = (usize, std::thread::ThreadId, Vec<std::thread::ThreadId>);
+
+fn dead_channels() -> std::sync::MutexGuard<'static, std::collections::VecDeque<DeadChannel>> {
+    static L: OnceLock<Mutex<std::collections::VecDeque<DeadChannel>>> = OnceLock::new();
+    L.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Destroyed channels remembered (the oldest is forgotten first).
+const DEAD_KEPT: usize = 64;
+
 fn live_channels() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
     static L: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
     L.get_or_init(Default::default)
@@ -228,8 +250,11 @@ fn new_channel() -> Result<*mut rdma_event_channel, c_int> {
             st: Mutex::new(QueueState::default()),
         }),
         users: Mutex::new(0),
+        readers: Mutex::new(Vec::new()),
     });
     let p = Box::into_raw(c) as *mut rdma_event_channel;
+    // The allocator may hand out a destroyed channel's address again.
+    dead_channels().retain(|d| d.0 != p as usize);
     live_channels().insert(p as usize);
     Ok(p)
 }
@@ -265,6 +290,14 @@ pub extern "C" fn rdma_destroy_event_channel(channel_: *mut rdma_event_channel) 
             return;
         }
         live_channels().remove(&(channel_ as usize));
+        {
+            let readers = std::mem::take(&mut *c.readers.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut d = dead_channels();
+            if d.len() >= DEAD_KEPT {
+                d.pop_front();
+            }
+            d.push_back((channel_ as usize, std::thread::current().id(), readers));
+        }
         let left: Vec<usize> = {
             let mut s = c.q.lock();
             s.closed = true;
@@ -320,12 +353,29 @@ pub extern "C" fn rdma_get_cm_event(
     guard("rdma_get_cm_event", -1, || {
         // SAFETY: a channel from rdma_create_event_channel.
         let Some(c) = (unsafe { channel(channel_) }) else {
-            set_errno(libc::EINVAL);
+            let me = std::thread::current().id();
+            let waits = dead_channels()
+                .iter()
+                .any(|d| d.0 == channel_ as usize && d.1 != me && d.2.contains(&me));
+            if waits {
+                // SAFETY: pause has no arguments.
+                unsafe { libc::pause() };
+                set_errno(libc::EINTR);
+            } else {
+                set_errno(libc::EINVAL);
+            }
             return -1;
         };
         if ev.is_null() {
             set_errno(libc::EINVAL);
             return -1;
+        }
+        {
+            let me = std::thread::current().id();
+            let mut r = c.readers.lock().unwrap_or_else(|e| e.into_inner());
+            if !r.contains(&me) && r.len() < 16 {
+                r.push(me);
+            }
         }
         // Counted as handed out before the queue lets go of it: the ID's destroy then
         // waits for its acknowledgement.

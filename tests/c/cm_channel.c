@@ -6,7 +6,11 @@
  * - a thread waiting in rdma_get_cm_event gets an event queued later, and stays
  *   waiting (no error, no EAGAIN) when the program destroys its last ID and the
  *   channel under it, as rping's event thread does at exit;
- * - a destroyed channel is refused (EINVAL), not dereferenced.
+ * - a thread that read events from a channel and comes back to it just after another
+ *   thread destroyed it waits as it would had it been back first (rping's event thread
+ *   after acknowledging DISCONNECTED, racing main's teardown);
+ * - a destroyed channel is refused (EINVAL) to the thread that destroyed it, not
+ *   dereferenced.
  * Usage: cm_channel ADDRESS (an IPv4 address of this host's roce-xdp device). */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +58,27 @@ struct waiter {
 	struct rdma_cm_id *id;
 	int event;
 };
+
+/* Reads one event, then, once told the channel is gone, asks for the next. */
+struct late {
+	struct rdma_event_channel *ch;
+	volatile int read_one, destroyed, returned;
+};
+
+static void *read_then_come_back(void *arg)
+{
+	struct late *l = arg;
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(l->ch, &ev) == 0) {
+		rdma_ack_cm_event(ev);
+		l->read_one = 1;
+	}
+	while (!l->destroyed)
+		usleep(1000);
+	rdma_get_cm_event(l->ch, &ev);
+	l->returned = 1;
+	return NULL;
+}
 
 static void *wait_one(void *arg)
 {
@@ -145,6 +170,25 @@ int main(int argc, char **argv)
 	rdma_destroy_event_channel(ch);
 	usleep(300000);
 	ok(!w.got, "the channel destroyed under the waiting thread: it goes on waiting, no error");
+
+	/* The event thread back after main's teardown. */
+	{
+		static struct late l;
+		pthread_t lt;
+		struct rdma_cm_id *lid;
+		l.ch = rdma_create_event_channel();
+		ok(l.ch != NULL, "another channel");
+		lid = resolving(l.ch);
+		ok(pthread_create(&lt, NULL, read_then_come_back, &l) == 0, "an event thread");
+		for (i = 0; i < 250 && !l.read_one; i++)
+			usleep(20000);
+		ok(l.read_one, "the event thread read the ID's event");
+		ok(rdma_destroy_id(lid) == 0, "rdma_destroy_id");
+		rdma_destroy_event_channel(l.ch);
+		l.destroyed = 1;
+		usleep(300000);
+		ok(!l.returned, "the event thread, back after the channel went, waits: no error");
+	}
 	errno = 0;
 	ok(rdma_get_cm_event(ch, &ev) == -1 && errno == EINVAL,
 	   "rdma_get_cm_event on the destroyed channel: EINVAL");
