@@ -197,7 +197,6 @@ impl Channel {
     }
 }
 
-/// Channels not yet destroyed (a destroyed one's pointer is refused, not dereferenced).
 /// Channels destroyed lately: the pointer, the destroying thread, and the threads that
 /// had read events from it. rping's event thread acknowledges DISCONNECTED, which lets
 /// main's `rdma_destroy_id` return, and main destroys the channel; if main gets there
@@ -217,6 +216,7 @@ fn dead_channels() -> std::sync::MutexGuard<'static, std::collections::VecDeque<
 /// Destroyed channels remembered (the oldest is forgotten first).
 const DEAD_KEPT: usize = 64;
 
+/// Channels not yet destroyed (a destroyed one's pointer is refused, not dereferenced).
 fn live_channels() -> std::sync::MutexGuard<'static, std::collections::HashSet<usize>> {
     static L: OnceLock<Mutex<std::collections::HashSet<usize>>> = OnceLock::new();
     L.get_or_init(Default::default)

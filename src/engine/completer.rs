@@ -385,13 +385,19 @@ impl Qp {
             self.req.retry_left -= 1;
         }
         ctx.counters.completer_retry_err += 1;
-        self.req.retrying = true;
-        self.rewind(self.req.comp_psn);
+        self.go_back(now);
         self.req.timer = if self.attr.timeout != 0 {
             Some(now.add_nanos(timeout_ns(self.attr.timeout)))
         } else {
             None
         };
+    }
+
+    /// Goes back N from `comp_psn` and restarts the round-trip timer: the step every
+    /// retry shares (a NAK, a timeout, the round-trip timer).
+    fn go_back(&mut self, now: Time) {
+        self.req.retrying = true;
+        self.rewind(self.req.comp_psn);
         self.req.arm_fast(now, &self.attr);
     }
 
@@ -463,9 +469,7 @@ impl Qp {
             {
                 ctx.counters.fast_retransmits += 1;
                 self.req.fast_backoff = (self.req.fast_backoff + 1).min(16);
-                self.req.retrying = true;
-                self.rewind(self.req.comp_psn);
-                self.req.arm_fast(now, &self.attr);
+                self.go_back(now);
             }
         }
     }

@@ -112,48 +112,49 @@ pub struct GoodputPoint {
 }
 
 impl GoodputPoint {
+    /// A per-repetition frame or datagram rate as payload Gbit/s (one frame's payload).
+    fn payload_gbps(&self, pps: &[f64]) -> f64 {
+        median(pps.to_vec()) * self.payload_per_frame as f64 * 8.0 / 1e9
+    }
+
     /// The raw rate as payload Gbit/s (what the frames would carry of this message).
     pub fn raw_gbps(&self) -> f64 {
-        median(self.raw_pps.clone()) * self.payload_per_frame as f64 * 8.0 / 1e9
+        self.payload_gbps(&self.raw_pps)
     }
 
     /// The kernel UDP rate as payload Gbit/s.
     pub fn udp_gbps(&self) -> f64 {
-        median(self.udp_pps.clone()) * self.payload_per_frame as f64 * 8.0 / 1e9
-    }
-
-    /// Median over repetitions of RC goodput over kernel UDP goodput in the same
-    /// repetition (a message of several frames against datagrams of one frame's payload).
-    pub fn udp_ratio(&self, op: Stream) -> f64 {
-        let Some(f) = self.figures(op) else {
-            return 0.0;
-        };
-        let per = self.payload_per_frame as f64 * 8.0 / 1e9;
-        median(
-            f.gbps
-                .iter()
-                .zip(&self.udp_pps)
-                .map(|(g, u)| g / (u * per).max(1e-12))
-                .collect(),
-        )
+        self.payload_gbps(&self.udp_pps)
     }
 
     fn figures(&self, op: Stream) -> Option<&OpFigures> {
         self.ops.iter().find(|(o, _)| *o == op).map(|(_, f)| f)
     }
 
+    /// Median over repetitions of `op`'s messages per second, times `scale`, over the
+    /// ceiling's rate `per_rep` of the same repetition.
+    fn rep_ratio(&self, op: Stream, per_rep: &[f64], scale: f64) -> f64 {
+        self.figures(op).map_or(0.0, |f| {
+            median(
+                f.msg_rate
+                    .iter()
+                    .zip(per_rep)
+                    .map(|(m, c)| m * scale / c.max(1e-9))
+                    .collect(),
+            )
+        })
+    }
+
     /// Median over repetitions of RC frames/s over raw frames/s in the same repetition.
     pub fn ratio(&self, op: Stream) -> f64 {
-        let Some(f) = self.figures(op) else {
-            return 0.0;
-        };
-        median(
-            f.msg_rate
-                .iter()
-                .zip(&self.raw_pps)
-                .map(|(m, r)| m * self.frames_per_msg as f64 / r.max(1e-9))
-                .collect(),
-        )
+        self.rep_ratio(op, &self.raw_pps, self.frames_per_msg as f64)
+    }
+
+    /// Median over repetitions of RC goodput over kernel UDP goodput in the same
+    /// repetition (a message of several frames against datagrams of one frame's payload).
+    pub fn udp_ratio(&self, op: Stream) -> f64 {
+        let scale = self.size as f64 / self.payload_per_frame as f64;
+        self.rep_ratio(op, &self.udp_pps, scale)
     }
 
     pub fn gbps(&self, op: Stream) -> f64 {
@@ -162,12 +163,6 @@ impl GoodputPoint {
 
     pub fn msg_rate(&self, op: Stream) -> f64 {
         self.figures(op).map_or(0.0, |f| median(f.msg_rate.clone()))
-    }
-
-    /// The lowest and highest figure of the repetitions.
-    fn spread(v: &[f64]) -> (f64, f64) {
-        v.iter()
-            .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)))
     }
 }
 
@@ -261,7 +256,7 @@ impl GoodputReport {
                 ));
                 for p in &row.points {
                     let Some(f) = p.figures(op) else { continue };
-                    let (_, peak) = GoodputPoint::spread(&f.gbps);
+                    let peak = f.gbps.iter().copied().fold(0.0, f64::max);
                     let iters: f64 = f
                         .msg_rate
                         .iter()
