@@ -529,3 +529,105 @@ fn a_lost_tail_is_resent_after_a_few_round_trips_not_the_qp_timeout() {
     assert_eq!((c.fast_retransmits, c.timeouts), (1, 0), "{c}");
     assert!(c.retransmitted_pkts >= 1, "{c}");
 }
+
+/// Ten acknowledged WRITEs, for the requester to measure its round trip (about 20 us on
+/// the clean 10 us link).
+fn measure_round_trips(s: &mut Sim<Engine, Engine>, sa: &Side, sb: &Side) {
+    for i in 0..10 {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::write(i, &[sge(sa, 0, 100)], sb.mr.addr, sb.mr.rkey),
+        )
+        .unwrap();
+        assert_eq!(wait(s, sa.cq, 1, 1)[0].status, WcStatus::Success);
+    }
+}
+
+/// Runs A's timers due by `t`, as a driver does before it sends.
+fn timers_until(e: &mut Engine, t: Time) {
+    while let Some(d) = e.poll_timeout().filter(|&d| d <= t) {
+        e.handle_timeout(d);
+    }
+}
+
+/// Hands every frame `from` has to send at `t` to `to`, 10 us later; how many.
+fn hand_over(from: &mut Engine, to: &mut Engine, t: Time) -> usize {
+    let mut buf = vec![0u8; 9000];
+    let mut n = 0;
+    while let Some(k) = from.poll_transmit(t, &mut buf) {
+        to.handle_frame(t.add_nanos(10_000), &buf[..k]);
+        n += 1;
+    }
+    n
+}
+
+/// A QP among many sends a message's packets a scheduling round apart, each round as
+/// long as the other QPs' packets. The round-trip timer (here 1 ms, its floor) runs
+/// from the last packet sent: timed from the first, a message whose packets took longer
+/// than that to leave went out again though nothing was lost.
+#[test]
+fn a_message_leaving_one_packet_per_round_is_not_sent_again() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 14);
+    measure_round_trips(&mut s, &sa, &sb);
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(99, &[sge(&sa, 0, 3000)], sb.mr.addr, sb.mr.rkey),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 9000];
+    let mut t = s.now;
+    // One packet every 600 us, 30 round trips apart; B answers whatever it has at once.
+    for _ in 0..3 {
+        t = t.add_nanos(600_000);
+        timers_until(&mut s.a, t);
+        let k =
+            s.a.poll_transmit(t, &mut buf)
+                .expect("a packet of the WRITE");
+        s.b.handle_frame(t.add_nanos(10_000), &buf[..k]);
+        hand_over(&mut s.b, &mut s.a, t.add_nanos(10_000));
+    }
+    s.now = t.add_nanos(40_000);
+    let wcs = wait(&mut s, sa.cq, 1, 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (99, WcStatus::Success));
+    let c = s.a.counters();
+    assert_eq!((c.fast_retransmits, c.retransmitted_pkts), (0, 0), "{c}");
+}
+
+/// An answer that comes after the round-trip timer went back N, before anything was
+/// sent again, shows a stall rather than a loss: the device's QPs wait that long for a
+/// while, and the next stall as long costs no retransmission.
+#[test]
+fn an_answer_later_than_the_timer_makes_the_next_wait_longer() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 14);
+    measure_round_trips(&mut s, &sa, &sb);
+    let mut buf = vec![0u8; 9000];
+    let mut late_write = |s: &mut Sim<Engine, Engine>, id: u64| {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::write(id, &[sge(&sa, 0, 100)], sb.mr.addr, sb.mr.rkey),
+        )
+        .unwrap();
+        let t0 = s.now;
+        let k = s.a.poll_transmit(t0, &mut buf).expect("the WRITE");
+        // The frame reaches B 3 ms late; A runs its timers meanwhile but sends nothing.
+        let t = t0.add_nanos(3_000_000);
+        timers_until(&mut s.a, t);
+        s.b.handle_frame(t, &buf[..k]);
+        hand_over(&mut s.b, &mut s.a, t);
+        s.now = t.add_nanos(20_000);
+        let wcs = wait(s, sa.cq, 1, 1);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (id, WcStatus::Success));
+    };
+    late_write(&mut s, 100);
+    let c = s.a.counters();
+    // The timer fired (1 ms, then 2 ms more after its back-off) with nothing resent.
+    assert!(c.fast_retransmits >= 1 && c.retransmitted_pkts == 0, "{c}");
+    let fired = c.fast_retransmits;
+    late_write(&mut s, 101);
+    let c = s.a.counters();
+    assert_eq!(
+        (c.fast_retransmits, c.retransmitted_pkts),
+        (fired, 0),
+        "{c}"
+    );
+}

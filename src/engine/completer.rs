@@ -57,7 +57,7 @@ impl Qp {
         // The responder is alive and answering: push the retransmit timer back, as rxe
         // does for every response it processes, so a long READ reply that is still
         // streaming after a loss is not also timed out.
-        self.rearm(now);
+        self.rearm(ctx, now);
         match r.info().operation {
             Operation::Ack => {
                 let Some(a) = r.aeth() else { return };
@@ -127,7 +127,7 @@ impl Qp {
 
     /// The responder made progress: advance `comp_psn`, reset the retry counters, and push
     /// the retransmit timer back (rxe re-arms it on every response).
-    fn progress(&mut self, ctx: &Ctx, now: Time, next: Psn) {
+    fn progress(&mut self, ctx: &mut Ctx, now: Time, next: Psn) {
         if next.is_after(self.req.comp_psn) {
             self.req.comp_psn = next;
             self.req.retrying = false;
@@ -136,22 +136,33 @@ impl Qp {
                 && next.is_after(p)
             {
                 self.req.probe = None;
-                self.req.sample_rtt(now.0.saturating_sub(t.0));
+                let ns = now.0.saturating_sub(t.0);
+                self.req.sample_rtt(ns);
+                ctx.rtt.note(now, ns);
+            }
+            // The round-trip timer went back N, and the answer came before any packet
+            // was sent again: it answers what was sent before, which was late, not
+            // lost. The device learns how late (Karn's rule keeps it from the QP's own
+            // estimate), and every QP's timer waits that long for a while: such delays
+            // come from what QPs share, the engine threads and the cores (bench qps:
+            // 1000 QPs on a lossless link).
+            if let Some(sent) = self.req.fast_fired.take() {
+                ctx.rtt.note_late(now, now.0.saturating_sub(sent.0));
             }
             self.skip_acked();
         }
         self.req.reset_retries(&self.attr);
-        self.rearm(now);
-        let _ = ctx;
+        self.rearm(ctx, now);
     }
 
-    pub(crate) fn rearm(&mut self, now: Time) {
+    pub(crate) fn rearm(&mut self, ctx: &mut Ctx, now: Time) {
         self.req.timer = if self.req.inflight() > 0 && self.attr.timeout != 0 {
             Some(now.add_nanos(timeout_ns(self.attr.timeout)))
         } else {
             None
         };
-        self.req.arm_fast(now, &self.attr);
+        let m = ctx.rtt.recent(now);
+        self.req.arm_fast(now, &self.attr, m);
     }
 
     fn on_ack(&mut self, ctx: &mut Ctx, now: Time, psn: Psn, s: Syndrome) {
@@ -183,7 +194,7 @@ impl Qp {
                 // rxe waits what the NAK's timer code says, not its own min_rnr_timer.
                 self.req.rnr_until = Some(now.add_nanos(rnr_timer_ns(timer)));
                 self.rewind(self.req.comp_psn);
-                self.rearm(now);
+                self.rearm(ctx, now);
             }
             Syndrome::Nak(NakCode::PsnSequenceError) => {
                 if psn.is_after(self.req.comp_psn) {
@@ -385,7 +396,7 @@ impl Qp {
             self.req.retry_left -= 1;
         }
         ctx.counters.completer_retry_err += 1;
-        self.go_back(now);
+        self.go_back(ctx, now);
         self.req.timer = if self.attr.timeout != 0 {
             Some(now.add_nanos(timeout_ns(self.attr.timeout)))
         } else {
@@ -395,10 +406,11 @@ impl Qp {
 
     /// Goes back N from `comp_psn` and restarts the round-trip timer: the step every
     /// retry shares (a NAK, a timeout, the round-trip timer).
-    fn go_back(&mut self, now: Time) {
+    fn go_back(&mut self, ctx: &mut Ctx, now: Time) {
         self.req.retrying = true;
         self.rewind(self.req.comp_psn);
-        self.req.arm_fast(now, &self.attr);
+        let m = ctx.rtt.recent(now);
+        self.req.arm_fast(now, &self.attr, m);
     }
 
     /// Sets the send queue back so the next packet sent is `psn`'s (IBA 9.7.4.2.6).
@@ -468,8 +480,9 @@ impl Qp {
                 && !read_first
             {
                 ctx.counters.fast_retransmits += 1;
+                self.req.fast_fired = Some(self.req.last_sent);
                 self.req.fast_backoff = (self.req.fast_backoff + 1).min(16);
-                self.go_back(now);
+                self.go_back(ctx, now);
             }
         }
     }

@@ -156,6 +156,8 @@ pub(crate) struct Ctx {
     /// Free send and receive WQEs, reused so posting and retiring move no large values.
     pub send_wqes: pool::Pool<requester::SendWqe>,
     pub recv_wqes: pool::Pool<responder::RecvWqe>,
+    /// The longest round trip the device's QPs measured lately.
+    pub rtt: requester::DeviceRtt,
 }
 
 impl Ctx {
@@ -235,6 +237,7 @@ impl Engine {
                 touched_cqs: Vec::new(),
                 send_wqes: pool::Pool::default(),
                 recv_wqes: pool::Pool::default(),
+                rtt: requester::DeviceRtt::default(),
                 cfg,
             },
             qps: QpMap::default(),
