@@ -136,6 +136,37 @@ enum BenchCmd {
     /// RC WRITE goodput with 1% and 2% random loss each way (nftables) beside no loss,
     /// interleaved, with the retransmissions and timeouts it took (root).
     Loss(LossArgs),
+    /// 1000 RC QPs writing at once, served round-robin, against one QP, interleaved;
+    /// and the memory an idle QP costs (root).
+    Qps(QpsArgs),
+}
+
+#[derive(Args)]
+struct QpsArgs {
+    /// QPs on each side.
+    #[arg(short = 'q', long, default_value_t = 1000)]
+    qps: usize,
+    /// WRITE message size in bytes.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: usize,
+    /// WRITEs each QP keeps outstanding.
+    #[arg(short = 't', long, default_value_t = 1)]
+    depth: usize,
+    /// IB MTU (1024 or 4096).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Seconds each stream runs.
+    #[arg(long, default_value_t = 0.5)]
+    secs: f64,
+    /// Repetitions.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// 0.2 s streams, one repetition (for CI: seconds).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -189,6 +220,9 @@ struct GoodputArgs {
     /// The engines poll without sleeping.
     #[arg(long)]
     busy_poll: bool,
+    /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
+    #[arg(long, default_value = "xdp", value_parser = ["xdp", "udp"])]
+    link: String,
     /// 64 B and 64 KiB only, 0.1 s streams, one repetition (for CI: seconds).
     #[arg(long)]
     quick: bool,
@@ -217,6 +251,9 @@ struct OneArgs {
     /// The engines poll without sleeping.
     #[arg(long)]
     busy_poll: bool,
+    /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
+    #[arg(long, default_value = "xdp", value_parser = ["xdp", "udp"])]
+    link: String,
     /// Print the report as one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -726,6 +763,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 raw_frames: a.frames,
                 depth: a.tx_depth,
                 busy_poll: a.busy_poll,
+                link: bench_link(&a.link),
                 ..Default::default()
             };
             if !a.size.is_empty() {
@@ -765,6 +803,25 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
             }
             bench_out("bench loss", a.json, |say| apps::bench::loss::loss(&o, say))
         }
+        BenchCmd::Qps(a) => {
+            let mut o = apps::bench::qps::QpsOpts {
+                qps: a.qps,
+                size: a.size,
+                depth: a.depth,
+                stream: Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
+                reps: a.reps,
+                ..Default::default()
+            };
+            match bench_mtu(a.mtu) {
+                Ok(m) => o.mtu = m,
+                Err(e) => return failed("bench qps", &e),
+            }
+            if a.quick {
+                o.stream = o.stream.min(Duration::from_millis(200));
+                o.reps = 1;
+            }
+            bench_out("bench qps", a.json, |say| apps::bench::qps::qps(&o, say))
+        }
         BenchCmd::Write(a) => bench_one("write", a),
         BenchCmd::Read(a) => bench_one("read", a),
         BenchCmd::Send(a) => bench_one("send", a),
@@ -787,6 +844,7 @@ fn bench_one(verb: &str, a: OneArgs) -> ExitCode {
         depth: a.tx_depth,
         perftest_style: true,
         busy_poll: a.busy_poll,
+        link: bench_link(&a.link),
         ..Default::default()
     };
     bench_out(&what, a.json, |say| apps::bench::goodput::goodput(&o, say))
@@ -798,6 +856,14 @@ fn stream_op(name: &str) -> Stream {
         "read" => Stream::Read,
         "send" => Stream::Send,
         _ => Stream::Write,
+    }
+}
+
+/// The engines' link, as `--link` names it.
+fn bench_link(name: &str) -> apps::bench::BenchLink {
+    match name {
+        "udp" => apps::bench::BenchLink::Udp,
+        _ => apps::bench::BenchLink::Xdp,
     }
 }
 

@@ -1439,14 +1439,14 @@ fn bench_latency_reports_every_round_trip_figure() {
     );
     let reps = j["reps"].as_array().unwrap();
     assert_eq!(reps.len(), 1);
-    for k in ["kernel_udp", "rc_send", "rc_send_busy_poll"] {
+    for k in ["kernel_udp", "rc_send", "rc_send_busy_poll", "rc_send_udp_link"] {
         let (m, p) = (
             reps[0][k]["median_us"].as_f64().unwrap(),
             reps[0][k]["p99_us"].as_f64().unwrap(),
         );
         assert!(m > 0.0 && p >= m, "{k}: median {m}, p99 {p}");
     }
-    for k in ["rc_to_udp", "rc_busy_poll_to_udp"] {
+    for k in ["rc_to_udp", "rc_busy_poll_to_udp", "rc_udp_link_to_udp"] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}");
     }
     assert!(
@@ -1531,6 +1531,48 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
             }
         }
     }
+}
+
+/// `bench goodput --link udp`: the engines on the UDP link, the ceilings as over AF_XDP.
+#[test]
+fn bench_goodput_runs_the_engines_on_the_udp_link() {
+    if !need_root() {
+        return;
+    }
+    let j = bench_json(&[
+        "goodput", "--quick", "--link", "udp", "-m", "1024", "-s", "65536", "--op", "write",
+    ]);
+    assert_eq!(j["engine_link"], "udp");
+    let row = &j["mtus"][0];
+    assert!(
+        row["link"].as_str().unwrap().starts_with("UDP socket"),
+        "{}",
+        row["link"]
+    );
+    let f = &row["sizes"][0]["ops"]["WRITE"];
+    assert!(f["gbps"][0].as_f64().unwrap() > 0.0, "{f}");
+    assert!(f["ratio_to_udp"].as_f64().unwrap() > 0.0, "{f}");
+}
+
+/// `bench qps --quick`: every one of the 1000 QPs completed WRITEs (each had one
+/// outstanding from the start, round-robin), both goodputs and both memory figures
+/// measured (a benchmark: no figure's size is checked here; tests/engine_no_alloc.rs
+/// holds the engine to its bytes per QP).
+#[test]
+fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
+    if !need_root() {
+        return;
+    }
+    let j = bench_json(&["qps", "--quick"]);
+    assert_eq!(j["bench"], "qps");
+    assert_eq!(j["qps"].as_u64(), Some(1000));
+    let r = &j["reps"][0];
+    assert_eq!(r["active_qps"].as_u64(), Some(1000), "{r}");
+    assert!(r["fewest_writes"].as_u64().unwrap() >= 1, "{r}");
+    assert!(r["single_gbps"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(r["many_gbps"].as_f64().unwrap() > 0.0, "{r}");
+    assert!(j["engine_bytes_per_idle_qp"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(j["process_bytes_per_idle_qp"].as_f64().unwrap() > 0.0, "{j}");
 }
 
 /// `bench send -s 4096`: one test printed in ib_send_bw's layout, with the raw ceiling.

@@ -96,6 +96,19 @@ impl ConnectOpts {
     }
 }
 
+/// The QP an endpoint creates: `o`'s type and queue depths on `pd` and `cq`.
+fn qp_init(o: &EndpointOpts, pd: u32, cq: u32) -> QpInitAttr {
+    let mut init = QpInitAttr::new(o.qp_type, pd, cq);
+    init.cap = QpCap {
+        max_send_wr: o.send_wr,
+        max_recv_wr: o.recv_wr,
+        max_send_sge: 16,
+        max_recv_sge: 16,
+        max_inline_data: 256,
+    };
+    init
+}
+
 /// How long a finished command keeps its QP after the last frame it received, and at most.
 const LINGER_QUIET: Duration = Duration::from_millis(100);
 const LINGER_MAX: Duration = Duration::from_secs(2);
@@ -107,15 +120,7 @@ impl Endpoint {
         let cq = dev.create_cq((o.send_wr + o.recv_wr) as usize + 1)?;
         let mem = Memory::new(o.mem);
         let mr = dev.reg_mr(pd, &mem, 0, o.mem, o.access)?;
-        let mut init = QpInitAttr::new(o.qp_type, pd, cq.id);
-        init.cap = QpCap {
-            max_send_wr: o.send_wr,
-            max_recv_wr: o.recv_wr,
-            max_send_sge: 16,
-            max_recv_sge: 16,
-            max_inline_data: 256,
-        };
-        let qp = dev.create_qp(&init)?;
+        let qp = dev.create_qp(&qp_init(o, pd, cq.id))?;
         Ok(Endpoint {
             dev,
             pd,
@@ -123,6 +128,20 @@ impl Endpoint {
             qp,
             mem,
             mr,
+        })
+    }
+
+    /// One more QP (in RESET, with `o`'s queue depths) on this endpoint's device, PD,
+    /// CQ and MR: many QPs over one region, as perftest's `-q` sets them up.
+    pub fn sharing(&self, o: &EndpointOpts) -> Result<Endpoint, RuntimeError> {
+        let qp = self.dev.create_qp(&qp_init(o, self.pd, self.cq.id))?;
+        Ok(Endpoint {
+            dev: self.dev.clone(),
+            pd: self.pd,
+            cq: self.cq.clone(),
+            qp,
+            mem: self.mem.clone(),
+            mr: self.mr,
         })
     }
 

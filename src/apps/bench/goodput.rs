@@ -15,8 +15,8 @@
 
 use super::super::workload::Stream;
 use super::ceiling::{raw_frame, raw_rate};
-use super::median;
 use super::udp::udp_rate;
+use super::{BenchLink, median};
 use crate::netns::Pair;
 use crate::verbs::Mtu;
 use std::time::Duration;
@@ -39,6 +39,8 @@ pub struct GoodputOpts {
     pub perftest_style: bool,
     /// The engines poll without sleeping.
     pub busy_poll: bool,
+    /// The engines' link (the ceilings are the same either way).
+    pub link: BenchLink,
 }
 
 /// 64 B to 1 MiB by factors of 4.
@@ -58,6 +60,7 @@ impl Default for GoodputOpts {
             depth: None,
             perftest_style: false,
             busy_poll: false,
+            link: BenchLink::Xdp,
         }
     }
 }
@@ -193,6 +196,9 @@ impl GoodputReport {
         if self.opts.busy_poll {
             s.push_str("the engines busy-poll\n");
         }
+        if self.opts.link == BenchLink::Udp {
+            s.push_str("the engines run on the UDP link (kernel UDP sockets, port 4791)\n");
+        }
         for row in &self.rows {
             s.push_str(&format!("\nIB MTU {}; {}\n", row.mtu.bytes(), row.link));
             s.push_str(&format!(
@@ -321,6 +327,7 @@ impl super::BenchReport for GoodputReport {
             "raw_frames": self.opts.raw_frames,
             "reps": self.opts.reps,
             "busy_poll": self.opts.busy_poll,
+            "engine_link": self.opts.link.name(),
             "mtus": self.rows.iter().map(|row| serde_json::json!({
                 "ib_mtu": row.mtu.bytes(),
                 "link": row.link,
@@ -404,7 +411,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         // Warm-up of both, not counted.
         raw_rate(&pair, &frames[0], o.raw_frames.min(20_000))?;
         {
-            let (a, b) = super::rc_pair(&pair, Some(mtu), mem, false)?;
+            let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, false)?;
             super::stream_for(&a, &b, o.ops[0], o.sizes[0], 16, Duration::from_millis(100))?;
         }
         for rep in 0..o.reps {
@@ -413,7 +420,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 p.udp_pps
                     .push(udp_rate(&pair, p.payload_per_frame, o.raw_frames)?.0);
             }
-            let (a, b) = super::rc_pair(&pair, Some(mtu), mem, o.busy_poll)?;
+            let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, o.busy_poll)?;
             link = a.dev.info().link.clone();
             for p in points.iter_mut() {
                 let mut line = format!(

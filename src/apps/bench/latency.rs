@@ -2,12 +2,13 @@
 //! veth pair, measured side by side in one run, interleaved: the kernel's UDP sockets
 //! (the ceiling a userspace NIC should beat), roce-xdp's RC SEND ping-pong (each side
 //! waits for its completions, as `ibv_rc_pingpong` does), and the same with the engines
-//! busy-polling (`--busy-poll`). Medians and 99th percentiles per repetition, and the
+//! busy-polling (`--busy-poll`), and RC SEND over the UDP link (the engines on kernel
+//! UDP sockets instead of AF_XDP). Medians and 99th percentiles per repetition, and the
 //! ratios to the kernel's.
 
 use super::super::endpoint::Endpoint;
 use super::super::workload::Report;
-use super::median;
+use super::{BenchLink, median};
 use crate::netns::Pair;
 use crate::verbs::{RecvWr, SendFlags, SendWr};
 use crossbeam::channel as mpsc;
@@ -57,12 +58,32 @@ impl Rtt {
     }
 }
 
-/// One repetition: the three, measured one after the other.
+/// One repetition: the four, measured one after the other.
 #[derive(Debug, Clone, Copy)]
 pub struct LatencyRep {
     pub udp: Rtt,
     pub rc: Rtt,
     pub rc_busy: Rtt,
+    /// RC SEND with the engines on the UDP link.
+    pub rc_udp_link: Rtt,
+}
+
+/// Which of a repetition's RC figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RcKind {
+    Default,
+    BusyPoll,
+    UdpLink,
+}
+
+impl LatencyRep {
+    pub fn rc(&self, k: RcKind) -> Rtt {
+        match k {
+            RcKind::Default => self.rc,
+            RcKind::BusyPoll => self.rc_busy,
+            RcKind::UdpLink => self.rc_udp_link,
+        }
+    }
 }
 
 /// What `bench latency` prints.
@@ -75,15 +96,12 @@ pub struct LatencyReport {
 }
 
 impl LatencyReport {
-    /// Median over the repetitions of (RC median / UDP median), default or busy-polling.
-    pub fn ratio(&self, busy: bool) -> f64 {
+    /// Median over the repetitions of (RC median / kernel UDP median) for `k`.
+    pub fn ratio(&self, k: RcKind) -> f64 {
         median(
             self.reps
                 .iter()
-                .map(|r| {
-                    let rc = if busy { r.rc_busy } else { r.rc };
-                    rc.median_us / r.udp.median_us.max(1e-9)
-                })
+                .map(|r| r.rc(k).median_us / r.udp.median_us.max(1e-9))
                 .collect(),
         )
     }
@@ -96,25 +114,23 @@ impl super::BenchReport for LatencyReport {
              measurement; {}\n\n",
             self.opts.size, self.opts.iters, self.link
         );
+        s.push_str("us, median and p99 of each repetition\n");
         s.push_str(
-            "rep  kernel UDP us (median p99)  RC SEND us (median p99)  RC SEND busy-poll us (median p99)\n",
+            "rep  kernel UDP         RC SEND            RC SEND busy-poll  RC SEND, UDP link\n",
         );
         for (i, r) in self.reps.iter().enumerate() {
-            s.push_str(&format!(
-                "{:<4} {:>13.1} {:>9.1}     {:>11.1} {:>9.1}     {:>13.1} {:>9.1}\n",
-                i + 1,
-                r.udp.median_us,
-                r.udp.p99_us,
-                r.rc.median_us,
-                r.rc.p99_us,
-                r.rc_busy.median_us,
-                r.rc_busy.p99_us
-            ));
+            s.push_str(&format!("{:<4}", i + 1));
+            for t in [r.udp, r.rc, r.rc_busy, r.rc_udp_link] {
+                s.push_str(&format!(" {:>8.1} {:>8.1} ", t.median_us, t.p99_us));
+            }
+            s.push('\n');
         }
         s.push_str(&format!(
-            "\nRC SEND round trip / kernel UDP round trip (medians): {:.2}; busy-polling: {:.2}\n",
-            self.ratio(false),
-            self.ratio(true)
+            "\nRC SEND round trip / kernel UDP round trip (medians): {:.2}; busy-polling: {:.2}; \
+             on the UDP link: {:.2}\n",
+            self.ratio(RcKind::Default),
+            self.ratio(RcKind::BusyPoll),
+            self.ratio(RcKind::UdpLink)
         ));
         s
     }
@@ -130,9 +146,11 @@ impl super::BenchReport for LatencyReport {
                 "kernel_udp": rtt(&r.udp),
                 "rc_send": rtt(&r.rc),
                 "rc_send_busy_poll": rtt(&r.rc_busy),
+                "rc_send_udp_link": rtt(&r.rc_udp_link),
             })).collect::<Vec<_>>(),
-            "rc_to_udp": self.ratio(false),
-            "rc_busy_poll_to_udp": self.ratio(true),
+            "rc_to_udp": self.ratio(RcKind::Default),
+            "rc_busy_poll_to_udp": self.ratio(RcKind::BusyPoll),
+            "rc_udp_link_to_udp": self.ratio(RcKind::UdpLink),
         })
     }
 }
@@ -155,26 +173,39 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
     // Warm-up: neighbours resolved, code paged in.
     udp_pingpong(&pair, o.size, o.iters.min(200))?;
     let mut link = String::new();
-    rc_pingpong(&pair, false, o.size, o.iters.min(200), &mut link)?;
+    rc_pingpong(
+        &pair,
+        BenchLink::Xdp,
+        false,
+        o.size,
+        o.iters.min(200),
+        &mut link,
+    )?;
+    rc_pingpong(&pair, BenchLink::Udp, false, o.size, 50, &mut String::new())?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
         let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
-        let rc = Rtt::of(rc_pingpong(&pair, false, o.size, o.iters, &mut link)?);
-        let rc_busy = Rtt::of(rc_pingpong(
-            &pair,
-            true,
-            o.size,
-            o.iters,
-            &mut String::new(),
-        )?);
+        let rc_on = |link, busy, desc: &mut String| {
+            rc_pingpong(&pair, link, busy, o.size, o.iters, desc).map(Rtt::of)
+        };
+        let rc = rc_on(BenchLink::Xdp, false, &mut link)?;
+        let rc_busy = rc_on(BenchLink::Xdp, true, &mut String::new())?;
+        let rc_udp_link = rc_on(BenchLink::Udp, false, &mut String::new())?;
         say(&format!(
-            "rep {}: kernel UDP {:.1} us, RC SEND {:.1} us, busy-polling {:.1} us (medians)",
+            "rep {}: kernel UDP {:.1} us, RC SEND {:.1} us, busy-polling {:.1} us, \
+             on the UDP link {:.1} us (medians)",
             rep + 1,
             udp.median_us,
             rc.median_us,
-            rc_busy.median_us
+            rc_busy.median_us,
+            rc_udp_link.median_us
         ));
-        reps.push(LatencyRep { udp, rc, rc_busy });
+        reps.push(LatencyRep {
+            udp,
+            rc,
+            rc_busy,
+            rc_udp_link,
+        });
     }
     Ok(LatencyReport {
         opts: o.clone(),
@@ -252,16 +283,17 @@ fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>,
 /// `iters` RC SEND round trips of `size` bytes between engines in the two namespaces,
 /// each side on its own thread waiting for its completions, as two programs would
 /// (`workload::pingpong` drives both sides from one thread, which hides the wake-ups);
-/// `link` gets the link's description.
+/// `desc` gets the link's description.
 fn rc_pingpong(
     pair: &Pair,
+    on: BenchLink,
     busy: bool,
     size: usize,
     iters: usize,
-    link: &mut String,
+    desc: &mut String,
 ) -> Result<Vec<Duration>, String> {
-    let (a, b) = super::rc_pair(pair, None, 2 * size + 4096, busy)?;
-    *link = a.dev.info().link.clone();
+    let (a, b) = super::rc_pair_on(pair, on, None, 2 * size + 4096, busy)?;
+    *desc = a.dev.info().link.clone();
     let post_recv = |e: &Endpoint| {
         e.qp.post_recv(&RecvWr::new(1, &[e.sge(size, size)]))
             .map_err(|x| x.to_string())

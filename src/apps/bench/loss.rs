@@ -176,6 +176,7 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
     let (a, b) = super::rc_connect(
         [(&br.ends[0].name, br.ips[0]), (&br.ends[1].name, br.ips[1])],
         &br.ifname,
+        super::BenchLink::Xdp,
         Some(o.mtu),
         2 * o.size * depth + 8192,
         false,

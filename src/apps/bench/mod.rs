@@ -8,6 +8,9 @@
 //! `bench latency` ([`latency`]): 64 B round trips, the kernel's UDP sockets beside RC
 //! SENDs, default and busy-polling.
 //!
+//! `bench qps` ([`qps`]): 1000 RC QPs served round-robin against one, and what an idle
+//! QP costs in memory.
+//!
 //! `bench flood`: a third host on the segment sends frames at engine B, half to QPs that
 //! do not exist and half to B's real QP with a bad ICRC, while A writes to B. What it
 //! shows: how much of the clean goodput B keeps under the flood, that every flood frame
@@ -18,6 +21,7 @@ pub mod ceiling;
 pub mod goodput;
 pub mod latency;
 pub mod loss;
+pub mod qps;
 pub mod udp;
 
 use super::endpoint::{ConnectOpts, Endpoint, EndpointOpts};
@@ -99,6 +103,26 @@ pub trait BenchReport {
     fn to_json(&self) -> serde_json::Value;
 }
 
+/// The link the engines of a bench run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BenchLink {
+    /// AF_XDP on the namespace's interface (the default).
+    #[default]
+    Xdp,
+    /// The kernel's UDP socket on port 4791 (unprivileged, no XDP program).
+    Udp,
+}
+
+impl BenchLink {
+    /// As the options spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BenchLink::Xdp => "xdp",
+            BenchLink::Udp => "udp",
+        }
+    }
+}
+
 /// Two engines over AF_XDP, one in each namespace of `pair`, with an RC QP each (`mem`
 /// bytes registered) connected at IB MTU `mtu` (`None`: the port's); `busy` makes the
 /// engines poll without sleeping.
@@ -108,32 +132,53 @@ pub(crate) fn rc_pair(
     mem: usize,
     busy: bool,
 ) -> Result<(Endpoint, Endpoint), String> {
+    rc_pair_on(pair, BenchLink::Xdp, mtu, mem, busy)
+}
+
+/// As [`rc_pair`], the engines on `link`.
+pub(crate) fn rc_pair_on(
+    pair: &crate::netns::Pair,
+    link: BenchLink,
+    mtu: Option<crate::verbs::Mtu>,
+    mem: usize,
+    busy: bool,
+) -> Result<(Endpoint, Endpoint), String> {
     rc_connect(
         [(&pair.a.name, pair.ip_a), (&pair.b.name, pair.ip_b)],
         &pair.ifname,
+        link,
         mtu,
         mem,
         busy,
     )
 }
 
-/// As [`rc_pair`], for the engines in namespaces `ends` (name, address), each on its
-/// interface `ifname`.
+/// As [`rc_pair_on`], for the engines in namespaces `ends` (name, address), each on its
+/// interface `ifname` (AF_XDP) or its address (UDP).
 pub(crate) fn rc_connect(
     ends: [(&str, Ipv4Addr); 2],
     ifname: &str,
+    link: BenchLink,
     mtu: Option<crate::verbs::Mtu>,
     mem: usize,
     busy: bool,
 ) -> Result<(Endpoint, Endpoint), String> {
-    let open = |ns: &str| {
-        let mut c = RuntimeConfig::xdp(ifname);
+    let open = |(ns, ip): (&str, Ipv4Addr)| {
+        let mut c = match link {
+            BenchLink::Xdp => RuntimeConfig::xdp(ifname),
+            BenchLink::Udp => {
+                let mut c = RuntimeConfig::udp(IpAddr::V4(ip));
+                // The UDP link's port MTU is what the bench connects at.
+                c.port_mtu = mtu;
+                c
+            }
+        };
         c.netns = Some(ns.to_string());
         c.busy_poll = busy;
         let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
         Endpoint::new(d, &EndpointOpts::new(QpType::Rc, mem)).map_err(|e| e.to_string())
     };
-    let (a, b) = (open(ends[0].0)?, open(ends[1].0)?);
+    let (a, b) = (open(ends[0])?, open(ends[1])?);
     let mtu = mtu.unwrap_or(a.dev.info().port_mtu);
     let (ip_a, ip_b) = (IpAddr::V4(ends[0].1), IpAddr::V4(ends[1].1));
     let (psn_a, psn_b) = (0x100, 0x200);
