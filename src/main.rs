@@ -76,10 +76,15 @@ enum Cmd {
     /// roce-xdp: `roce-xdp run -- ibv_devinfo -v`.
     Run(RunArgs),
     /// Benchmarks in their own network namespaces, figures side by side with their
-    /// ratios: `bench ceiling`, `goodput`, `write|read|send -s SIZE`, `latency`, `flood`.
+    /// ceilings: `bench` alone runs goodput, the UDP link, latency, qps and loss and
+    /// prints every ratio beside its target; or one: `bench goodput`, `ceiling`,
+    /// `write|read|send -s SIZE`, `latency`, `qps`, `loss`, `flood` (root).
+    #[command(args_conflicts_with_subcommands = true)]
     Bench {
         #[command(subcommand)]
-        cmd: BenchCmd,
+        cmd: Option<BenchCmd>,
+        #[command(flatten)]
+        all: AllArgs,
     },
     /// An endurance run: many RC QPs over AF_XDP with loss and reordering, mixed
     /// operations, every byte verified, resident memory watched (root).
@@ -139,6 +144,16 @@ enum BenchCmd {
     /// 1000 RC QPs writing at once, served round-robin, against one QP, interleaved;
     /// and the memory an idle QP costs (root).
     Qps(QpsArgs),
+}
+
+#[derive(Args)]
+struct AllArgs {
+    /// One repetition and short streams everywhere (about 30 s; for CI).
+    #[arg(long)]
+    quick: bool,
+    /// Print the report as one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -665,7 +680,12 @@ fn main() -> ExitCode {
         Cmd::Perftest(a) => run_perftest(a),
         Cmd::Run(a) => run_program(a, cli.verbose),
         Cmd::Link { cmd } => run_link(cmd.unwrap_or(LinkCmd::Show { name: None })),
-        Cmd::Bench { cmd } => run_bench(cmd),
+        Cmd::Bench { cmd: Some(cmd), .. } => run_bench(cmd),
+        Cmd::Bench { cmd: None, all } => {
+            apps::catch_interrupts();
+            let o = apps::bench::all::AllOpts { quick: all.quick };
+            bench_out("bench", all.json, |say| apps::bench::all::all(&o, say))
+        }
         Cmd::Soak(a) => run_soak(a),
     }
 }

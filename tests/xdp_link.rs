@@ -1439,7 +1439,12 @@ fn bench_latency_reports_every_round_trip_figure() {
     );
     let reps = j["reps"].as_array().unwrap();
     assert_eq!(reps.len(), 1);
-    for k in ["kernel_udp", "rc_send", "rc_send_busy_poll", "rc_send_udp_link"] {
+    for k in [
+        "kernel_udp",
+        "rc_send",
+        "rc_send_busy_poll",
+        "rc_send_udp_link",
+    ] {
         let (m, p) = (
             reps[0][k]["median_us"].as_f64().unwrap(),
             reps[0][k]["p99_us"].as_f64().unwrap(),
@@ -1572,7 +1577,43 @@ fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
     assert!(r["single_gbps"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["many_gbps"].as_f64().unwrap() > 0.0, "{r}");
     assert!(j["engine_bytes_per_idle_qp"].as_f64().unwrap() > 0.0, "{j}");
-    assert!(j["process_bytes_per_idle_qp"].as_f64().unwrap() > 0.0, "{j}");
+    assert!(
+        j["process_bytes_per_idle_qp"].as_f64().unwrap() > 0.0,
+        "{j}"
+    );
+}
+
+/// `bench --quick`: every part ran and every headline ratio was measured, each with
+/// its target where the issue sets one (a benchmark: no ratio's size is checked).
+#[test]
+fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
+    if !need_root() {
+        return;
+    }
+    let j = bench_json(&["--quick"]);
+    assert_eq!(
+        (j["bench"].as_str(), j["quick"].as_bool()),
+        (Some("all"), Some(true))
+    );
+    for (part, name) in [
+        ("goodput", "goodput"),
+        ("udp_link", "goodput"),
+        ("latency", "latency"),
+        ("qps", "qps"),
+        ("loss", "loss"),
+    ] {
+        assert_eq!(j[part]["bench"], name, "{part}");
+    }
+    assert_eq!(j["udp_link"]["engine_link"], "udp");
+    let h = j["headlines"].as_array().unwrap();
+    // 64 KiB W/R/S at two MTUs, 64 B W/R/S, three round trips, one UDP-link goodput,
+    // two loss rates, 1000 QPs.
+    assert_eq!(h.len(), 6 + 3 + 3 + 1 + 2 + 1, "{h:?}");
+    for x in h {
+        assert!(x["ratio"].as_f64().unwrap() > 0.0, "{x}");
+        assert_eq!(x["met"].is_boolean(), !x["target"].is_null(), "{x}");
+    }
+    assert!(j["engine_bytes_per_idle_qp"].as_f64().unwrap() > 0.0);
 }
 
 /// `bench send -s 4096`: one test printed in ib_send_bw's layout, with the raw ceiling.

@@ -2,6 +2,9 @@
 //! measured side by side in one run, interleaved, with their ratios (absolute figures
 //! drift between runs and machines; ratios in one run are what count).
 //!
+//! `bench` alone ([`all`]): goodput, the UDP link, latency, qps and loss in one run,
+//! then every headline ratio beside its target.
+//!
 //! `bench ceiling` ([`ceiling`]): raw AF_XDP frames one way against RC WRITE and READ
 //! goodput in frames of the same size.
 //!
@@ -17,6 +20,7 @@
 //! is dropped under its reason, that the transfer stays byte-exact, and that B's memory
 //! does not grow.
 
+pub mod all;
 pub mod ceiling;
 pub mod goodput;
 pub mod latency;
