@@ -747,8 +747,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 size: a.size,
             };
             if a.quick {
-                o.iters = o.iters.min(2000);
-                o.reps = 1;
+                o = o.quick();
             }
             bench_out("bench latency", a.json, |say| {
                 apps::bench::latency::latency(&o, say)
@@ -806,42 +805,34 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
             })
         }
         BenchCmd::Loss(a) => {
-            let mut o = apps::bench::loss::LossOpts {
+            let o = apps::bench::loss::LossOpts {
                 percents: a.loss,
                 size: a.size,
-                stream: Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
+                mtu: match bench_mtu(a.mtu) {
+                    Ok(m) => m,
+                    Err(e) => return failed("bench loss", &e),
+                },
+                stream: stream_secs(a.secs),
                 reps: a.reps,
-                ..Default::default()
             };
-            match bench_mtu(a.mtu) {
-                Ok(m) => o.mtu = m,
-                Err(e) => return failed("bench loss", &e),
-            }
-            if a.quick {
-                o.stream = o.stream.min(Duration::from_millis(300));
-                o.reps = 1;
-            }
+            let o = if a.quick { o.quick() } else { o };
             bench_out("bench loss", a.json, |say| apps::bench::loss::loss(&o, say))
         }
-        BenchCmd::Qps(a) => {
-            let mut o = apps::bench::qps::QpsOpts {
-                qps: a.qps,
-                size: a.size,
-                depth: a.depth,
-                stream: Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
-                reps: a.reps,
-                ..Default::default()
-            };
-            match bench_mtu(a.mtu) {
-                Ok(m) => o.mtu = m,
-                Err(e) => return failed("bench qps", &e),
+        BenchCmd::Qps(a) => match bench_mtu(a.mtu) {
+            Ok(mtu) => {
+                let o = apps::bench::qps::QpsOpts {
+                    qps: a.qps,
+                    size: a.size,
+                    depth: a.depth,
+                    mtu,
+                    stream: stream_secs(a.secs),
+                    reps: a.reps,
+                };
+                let o = if a.quick { o.quick() } else { o };
+                bench_out("bench qps", a.json, |say| apps::bench::qps::qps(&o, say))
             }
-            if a.quick {
-                o.stream = o.stream.min(Duration::from_millis(200));
-                o.reps = 1;
-            }
-            bench_out("bench qps", a.json, |say| apps::bench::qps::qps(&o, say))
-        }
+            Err(e) => failed("bench qps", &e),
+        },
         BenchCmd::Write(a) => bench_one("write", a),
         BenchCmd::Read(a) => bench_one("read", a),
         BenchCmd::Send(a) => bench_one("send", a),
@@ -877,6 +868,11 @@ fn stream_op(name: &str) -> Stream {
         "send" => Stream::Send,
         _ => Stream::Write,
     }
+}
+
+/// A bench's `--secs`, kept between 50 ms and a minute.
+fn stream_secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.clamp(0.05, 60.0))
 }
 
 /// The engines' link, as `--link` names it.

@@ -1,8 +1,8 @@
 // Shared by benches/engine.rs and profiling: two connected engines on a clean link.
+use roce_xdp::apps::bench::qps::rc_to_rts;
 use roce_xdp::engine::Engine;
 use roce_xdp::link::sim::{LinkConfig, Sim, SimLink};
 use roce_xdp::time::Time;
-use roce_xdp::verbs::device::gid_of;
 use roce_xdp::verbs::*;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -41,54 +41,7 @@ fn world() -> World {
     let (cqa, ma, mra, qa) = mk(&mut a);
     let (cqb, mb, mrb, qb) = mk(&mut b);
     let up = |e: &mut Engine, q: u32, rq: u32, ip: Ipv4Addr| {
-        let mut at = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: ALL,
-            ..QpAttr::default()
-        };
-        e.modify_qp(
-            q,
-            &at,
-            QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS,
-        )
-        .unwrap();
-        at.qp_state = QpState::Rtr;
-        at.path_mtu = Mtu::Mtu1024;
-        at.dest_qp_num = rq;
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 12;
-        at.ah_attr = AddressVector::new(gid_of(IpAddr::V4(ip)), 1);
-        e.modify_qp(
-            q,
-            &at,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .unwrap();
-        at.qp_state = QpState::Rts;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = 7;
-        at.max_rd_atomic = 16;
-        e.modify_qp(
-            q,
-            &at,
-            QpAttrMask::STATE
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .unwrap();
+        rc_to_rts(e, q, rq, IpAddr::V4(ip), Mtu::Mtu1024).unwrap();
     };
     up(&mut a, qa, qb, ip_b);
     up(&mut b, qb, qa, ip_a);

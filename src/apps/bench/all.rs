@@ -11,7 +11,7 @@ use super::loss::{LossOpts, LossReport, loss};
 use super::qps::{QpsOpts, QpsReport, qps};
 use super::{BenchLink, BenchReport};
 use crate::verbs::Mtu;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What `bench` does.
 #[derive(Debug, Clone, Copy, Default)]
@@ -263,12 +263,9 @@ pub fn all(o: &AllOpts, say: &mut dyn FnMut(&str)) -> Result<AllReport, String> 
         u = u.quick();
         u.sizes = vec![65536];
         u.mtus = vec![Mtu::Mtu1024];
-        l.iters = 2000;
-        l.reps = 1;
-        q.stream = Duration::from_millis(200);
-        q.reps = 1;
-        x.stream = Duration::from_millis(300);
-        x.reps = 1;
+        l = l.quick();
+        q = q.quick();
+        x = x.quick();
     }
     let part = |name: &str, say: &mut dyn FnMut(&str)| {
         say(&format!(

@@ -26,6 +26,15 @@ pub struct LatencyOpts {
     pub size: usize,
 }
 
+impl LatencyOpts {
+    /// For CI: 2000 round trips, one repetition.
+    pub fn quick(mut self) -> Self {
+        self.iters = self.iters.min(2000);
+        self.reps = 1;
+        self
+    }
+}
+
 impl Default for LatencyOpts {
     fn default() -> Self {
         LatencyOpts {

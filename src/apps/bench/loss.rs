@@ -26,6 +26,15 @@ pub struct LossOpts {
     pub reps: usize,
 }
 
+impl LossOpts {
+    /// For CI: 0.3 s streams, one repetition.
+    pub fn quick(mut self) -> Self {
+        self.stream = self.stream.min(Duration::from_millis(300));
+        self.reps = 1;
+        self
+    }
+}
+
 impl Default for LossOpts {
     fn default() -> Self {
         LossOpts {

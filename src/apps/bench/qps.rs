@@ -38,6 +38,15 @@ pub struct QpsOpts {
     pub reps: usize,
 }
 
+impl QpsOpts {
+    /// For CI: 0.2 s streams, one repetition.
+    pub fn quick(mut self) -> Self {
+        self.stream = self.stream.min(Duration::from_millis(200));
+        self.reps = 1;
+        self
+    }
+}
+
 impl Default for QpsOpts {
     fn default() -> Self {
         QpsOpts {
@@ -178,63 +187,72 @@ pub fn idle_engine_qps(
     peer: Ipv4Addr,
     n: usize,
 ) -> Result<Vec<u32>, String> {
-    let all = AccessFlags::LOCAL_WRITE
-        | AccessFlags::REMOTE_WRITE
-        | AccessFlags::REMOTE_READ
-        | AccessFlags::REMOTE_ATOMIC;
     let mut qpns = Vec::with_capacity(n);
     for i in 0..n {
         let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
         init.cap.max_send_wr = 16;
         init.cap.max_recv_wr = 16;
         let q = e.create_qp(&init).map_err(|x| x.to_string())?;
-        let mut at = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: all,
-            ..QpAttr::default()
-        };
-        let base = QpAttrMask::STATE;
-        e.modify_qp(
-            q,
-            &at,
-            base | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-        )
-        .map_err(|x| x.to_string())?;
-        at.qp_state = QpState::Rtr;
-        at.path_mtu = Mtu::Mtu1024;
-        at.dest_qp_num = 0x100 + i as u32;
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 12;
-        at.ah_attr = AddressVector::new(gid_of(IpAddr::V4(peer)), 1);
-        e.modify_qp(
-            q,
-            &at,
-            base | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )
-        .map_err(|x| x.to_string())?;
-        at.qp_state = QpState::Rts;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = 7;
-        at.max_rd_atomic = 16;
-        e.modify_qp(
-            q,
-            &at,
-            base | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .map_err(|x| x.to_string())?;
+        rc_to_rts(e, q, 0x100 + i as u32, IpAddr::V4(peer), Mtu::Mtu1024)
+            .map_err(|x| x.to_string())?;
         qpns.push(q);
     }
     Ok(qpns)
+}
+
+/// Takes a bare engine's RC QP `q` from RESET to RTS towards `dest_qpn` at `peer`, with
+/// all access rights and `ibv_rc_pingpong`'s timers (PSNs 0, 16 READs/atomics each way).
+pub fn rc_to_rts(
+    e: &mut Engine,
+    q: u32,
+    dest_qpn: u32,
+    peer: IpAddr,
+    mtu: Mtu,
+) -> Result<(), crate::verbs::Error> {
+    let mut at = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: AccessFlags::LOCAL_WRITE
+            | AccessFlags::REMOTE_WRITE
+            | AccessFlags::REMOTE_READ
+            | AccessFlags::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    let base = QpAttrMask::STATE;
+    e.modify_qp(
+        q,
+        &at,
+        base | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )?;
+    at.qp_state = QpState::Rtr;
+    at.path_mtu = mtu;
+    at.dest_qp_num = dest_qpn;
+    at.max_dest_rd_atomic = 16;
+    at.min_rnr_timer = 12;
+    at.ah_attr = AddressVector::new(gid_of(peer), 1);
+    e.modify_qp(
+        q,
+        &at,
+        base | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )?;
+    at.qp_state = QpState::Rts;
+    at.timeout = 14;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    at.max_rd_atomic = 16;
+    e.modify_qp(
+        q,
+        &at,
+        base | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
 }
 
 /// QPs the bare-engine measurement creates: enough that memory the allocator already
