@@ -179,7 +179,7 @@ pub(crate) struct Requester {
     pub last_sent: Time,
     /// Set when the round-trip timer went back N: when the last packet before it had
     /// left; cleared when a packet is sent again. Progress while it is set answers what
-    /// was sent before, which was late, not lost (see `Completer::progress`).
+    /// was sent before, which was late, not lost (see `progress` in completer.rs).
     pub fast_fired: Option<Time>,
     draining: bool,
     drain_notified: bool,
@@ -858,9 +858,6 @@ impl Qp {
     }
 }
 
-/// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
-/// The least retransmit timeout the measured round trip may give: about a scheduler
-/// tick, so that a late ACK on a busy host is not taken for a lost packet.
 /// The longest round trip the device's QPs measured lately. QPs share the device's
 /// rings, its engine thread and the host's cores, so a stall one QP meets is one every
 /// QP can meet; a QP among many measures rarely (one probe per round trip, and a round
@@ -928,8 +925,11 @@ impl DeviceRtt {
     }
 }
 
+/// The least retransmit timeout the measured round trip may give: about a scheduler
+/// tick, so that a late ACK on a busy host is not taken for a lost packet.
 pub(crate) const FAST_RTO_MIN_NS: u64 = 1_000_000;
 
+/// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
 pub(crate) fn timeout_ns(t: u8) -> u64 {
     4096u64 << u32::from(t.min(31))
 }
