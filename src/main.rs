@@ -148,7 +148,7 @@ enum BenchCmd {
 
 #[derive(Args)]
 struct AllArgs {
-    /// One repetition and short streams everywhere (about 30 s; for CI).
+    /// One repetition and short streams everywhere (about 11 s here; for CI).
     #[arg(long)]
     quick: bool,
     /// Print the report as one JSON object instead of the tables.
@@ -236,8 +236,8 @@ struct GoodputArgs {
     #[arg(long)]
     busy_poll: bool,
     /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
-    #[arg(long, default_value = "xdp", value_parser = ["xdp", "udp"])]
-    link: String,
+    #[arg(long, value_enum, default_value_t = apps::bench::BenchLink::Xdp)]
+    link: apps::bench::BenchLink,
     /// 64 B and 64 KiB only, 0.1 s streams, one repetition (for CI: seconds).
     #[arg(long)]
     quick: bool,
@@ -267,8 +267,8 @@ struct OneArgs {
     #[arg(long)]
     busy_poll: bool,
     /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
-    #[arg(long, default_value = "xdp", value_parser = ["xdp", "udp"])]
-    link: String,
+    #[arg(long, value_enum, default_value_t = apps::bench::BenchLink::Xdp)]
+    link: apps::bench::BenchLink,
     /// Print the report as one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -756,7 +756,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
         BenchCmd::Ceiling(a) => {
             let mut o = apps::bench::ceiling::CeilingOpts {
                 frames: a.frames,
-                stream: std::time::Duration::from_secs_f64(a.secs.clamp(0.05, 60.0)),
+                stream: stream_secs(a.secs),
                 reps: a.reps,
                 ..Default::default()
             };
@@ -782,7 +782,7 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
                 raw_frames: a.frames,
                 depth: a.tx_depth,
                 busy_poll: a.busy_poll,
-                link: bench_link(&a.link),
+                link: a.link,
                 ..Default::default()
             };
             if !a.size.is_empty() {
@@ -818,21 +818,21 @@ fn run_bench(cmd: BenchCmd) -> ExitCode {
             let o = if a.quick { o.quick() } else { o };
             bench_out("bench loss", a.json, |say| apps::bench::loss::loss(&o, say))
         }
-        BenchCmd::Qps(a) => match bench_mtu(a.mtu) {
-            Ok(mtu) => {
-                let o = apps::bench::qps::QpsOpts {
-                    qps: a.qps,
-                    size: a.size,
-                    depth: a.depth,
-                    mtu,
-                    stream: stream_secs(a.secs),
-                    reps: a.reps,
-                };
-                let o = if a.quick { o.quick() } else { o };
-                bench_out("bench qps", a.json, |say| apps::bench::qps::qps(&o, say))
-            }
-            Err(e) => failed("bench qps", &e),
-        },
+        BenchCmd::Qps(a) => {
+            let o = apps::bench::qps::QpsOpts {
+                qps: a.qps,
+                size: a.size,
+                depth: a.depth,
+                mtu: match bench_mtu(a.mtu) {
+                    Ok(m) => m,
+                    Err(e) => return failed("bench qps", &e),
+                },
+                stream: stream_secs(a.secs),
+                reps: a.reps,
+            };
+            let o = if a.quick { o.quick() } else { o };
+            bench_out("bench qps", a.json, |say| apps::bench::qps::qps(&o, say))
+        }
         BenchCmd::Write(a) => bench_one("write", a),
         BenchCmd::Read(a) => bench_one("read", a),
         BenchCmd::Send(a) => bench_one("send", a),
@@ -855,7 +855,7 @@ fn bench_one(verb: &str, a: OneArgs) -> ExitCode {
         depth: a.tx_depth,
         perftest_style: true,
         busy_poll: a.busy_poll,
-        link: bench_link(&a.link),
+        link: a.link,
         ..Default::default()
     };
     bench_out(&what, a.json, |say| apps::bench::goodput::goodput(&o, say))
@@ -873,14 +873,6 @@ fn stream_op(name: &str) -> Stream {
 /// A bench's `--secs`, kept between 50 ms and a minute.
 fn stream_secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.clamp(0.05, 60.0))
-}
-
-/// The engines' link, as `--link` names it.
-fn bench_link(name: &str) -> apps::bench::BenchLink {
-    match name {
-        "udp" => apps::bench::BenchLink::Udp,
-        _ => apps::bench::BenchLink::Xdp,
-    }
 }
 
 /// The IB MTUs a bench can set up a link for.

@@ -65,7 +65,7 @@ fn check(what: &str, got: Vec<u8>, want: &[u8]) -> Result<(), String> {
     ))
 }
 
-fn mem_err(e: impl std::fmt::Debug) -> String {
+pub(crate) fn mem_err(e: impl std::fmt::Debug) -> String {
     format!("memory access: {e:?}")
 }
 

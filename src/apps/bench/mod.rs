@@ -107,8 +107,8 @@ pub trait BenchReport {
     fn to_json(&self) -> serde_json::Value;
 }
 
-/// The link the engines of a bench run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The link the engines of a bench run on (`--link xdp|udp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum BenchLink {
     /// AF_XDP on the namespace's interface (the default).
     #[default]
