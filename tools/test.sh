@@ -9,6 +9,9 @@ cargo test --all-targets
 # a step whose frames are all dropped must fail and have its frame named.
 tools/rxe-interop --self-test
 tools/rxe-interop
+# roce-xdp against rxe in two VMs, one short round: every step must give its figure
+# (the ratios are printed, not checked: benchmarks are not timed tests).
+tools/rxe-interop --bench --quick
 # Bounded fuzzing of the wire parser, the engine and decode (60 s each, seeded from
 # tests/data); a crash fails the run.
 tools/fuzz-ci 60

@@ -29,7 +29,7 @@ if [ -z "$KPKG" ]; then
 fi
 [ -n "$KPKG" ] || { log "cannot find Debian's kernel package (linux-image-amd64)"; exit 1; }
 KVERSION=$(apt-cache policy "$KPKG" | awk '/Candidate:/{print $2}')
-INPUTS=$(cat "$0" "$HERE/init" "$HERE/probe.c" | sha256sum | cut -c1-12)
+INPUTS=$(cat "$0" "$HERE/init" "$HERE/probe.c" "$HERE/cpustat.c" | sha256sum | cut -c1-12)
 KEY="${KPKG}_${KVERSION}_${INPUTS}"
 IMG=$CACHE/$KEY
 if [ -s "$IMG/initrd.img" ] && [ -s "$IMG/vmlinuz" ]; then
@@ -127,6 +127,9 @@ put "$prov" "/lib/x86_64-linux-gnu/libibverbs/$(basename "$prov")"
 # Our verbs probe, compiled against the host's libibverbs-dev (the same rdma-core).
 gcc -O2 -Wall -Wextra -Werror -o "$WORK/roce-probe" "$HERE/probe.c" -libverbs
 put "$WORK/roce-probe" /usr/bin/roce-probe
+# The sampler of `tools/rxe-interop --bench`.
+gcc -O2 -Wall -Wextra -Werror -o "$WORK/cpustat" "$HERE/cpustat.c"
+put "$WORK/cpustat" /usr/bin/cpustat
 
 echo 'root:x:0:0:root:/root:/bin/sh' > "$ROOT/etc/passwd"
 echo 'root:x:0:' > "$ROOT/etc/group"
@@ -144,6 +147,8 @@ chroot "$ROOT" /usr/sbin/ip -V >/dev/null
 
 mkdir -p "$IMG.tmp"
 cp "$STAGE/boot/vmlinuz-$KVER" "$IMG.tmp/vmlinuz"
+# --bench appends an archive of its own to the initramfs: it needs a cpio.
+cp "$STAGE/bin/busybox" "$IMG.tmp/busybox"
 echo "$KVER" > "$IMG.tmp/KVER"
 ( cd "$ROOT" && find . | LC_ALL=C sort | "$ROOT/bin/busybox" cpio -o -H newc 2>/dev/null ) \
     | gzip -6 > "$IMG.tmp/initrd.img"
