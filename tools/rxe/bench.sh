@@ -10,8 +10,8 @@
 # of write_bw. Rounds interleave the pairings (each round starts one pairing later) in
 # the same boot pair, because TCG runs drift by tens of percent between boots.
 #
-# Per step, cpustat (tools/rxe/cpustat.c) samples each VM every 100 ms: busy jiffies,
-# context switches and eth0's byte counters. A VM's CPU per GB is its busy time in the
+# Per step, cpustat (tools/rxe/cpustat.c) samples each VM every 100 ms: busy jiffies
+# (split into user, system and irq + softirq), context switches and eth0's counters. A VM's CPU per GB is its busy time in the
 # window that carried the middle 90% of the bytes it received (VM 1) or sent (VM 2),
 # over those bytes, so setup, teardown and waiting for the peer are left out.
 #
@@ -121,23 +121,27 @@ bwait() {   # bwait LOG PATTERN SECONDS: until LOG has a line matching PATTERN
 bench_lines() { sed -n "s/^$3 $2: //p" "$1" | tr -d '\r'; }
 
 # The window of samples that carried the middle 90% of column $1's bytes (6: rx, 8: tx):
-# "busy_seconds window_seconds bytes ctxt fraction_of_all_bytes".
+# "busy_seconds window_seconds bytes ctxt fraction_of_all_bytes user% system% softirq%"
+# (the last three: shares of the busy time).
 bench_window() {
     awk -v c="$1" '
-        NF == 8 { n++; t[n] = $1; b[n] = $2; x[n] = $4; v[n] = $c }
+        NF == 11 { n++; t[n] = $1; b[n] = $2; x[n] = $4; v[n] = $c; u[n] = $9; s[n] = $10; q[n] = $11 }
         END {
-            if (n < 2) { print "0 0 0 0 0"; exit }
+            if (n < 2) { print "0 0 0 0 0 0 0 0"; exit }
             tot = v[n] - v[1]
-            if (tot <= 0) { print "0 0 0 0 0"; exit }
+            if (tot <= 0) { print "0 0 0 0 0 0 0 0"; exit }
             for (i = 1; i <= n; i++) if (v[i] - v[1] >= 0.05 * tot) { a = i; break }
             for (i = 1; i <= n; i++) if (v[i] - v[1] >= 0.95 * tot) { e = i; break }
             if (e <= a) { a = 1; e = n }
-            printf "%.2f %.2f %d %d %.3f\n", (b[e] - b[a]) / 100, t[e] - t[a], v[e] - v[a], x[e] - x[a], (v[e] - v[a]) / tot
+            bb = b[e] - b[a]; d = bb > 0 ? bb : 1
+            printf "%.2f %.2f %d %d %.3f %.0f %.0f %.0f\n", bb / 100, t[e] - t[a], v[e] - v[a], x[e] - x[a], (v[e] - v[a]) / tot,
+                100 * (u[e] - u[a]) / d, 100 * (s[e] - s[a]) / d, 100 * (q[e] - q[a]) / d
         }'
 }
 
 # One step's figures into $OUT/bench.tsv:
 # round conf test value(Gbit/s or us) p99(us or -) cpu1_s_per_gb cpu2_s_per_gb util1 util2 ctx1 ctx2
+# split1 split2 (user/system/softirq percent of the busy time, VM 1 and VM 2)
 bench_record() {
     local id=$1 r=$2 c=$3 t=$4 n=$5 out1 out2 v p99=- w1 w2
     out1=$(bench_lines "$OUT/vm1.log" "$id" RXI-OUT)
@@ -158,7 +162,8 @@ bench_record() {
         u1 = a[2] > 0 ? a[1] / a[2] : -1; u2 = b[2] > 0 ? b[1] / b[2] : -1
         # context switches per iteration: those of the window over its share of the run
         x1 = a[5] > 0 ? a[4] / (n * a[5]) : -1; x2 = b[5] > 0 ? b[4] / (n * b[5]) : -1
-        printf "%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\n", r, c, t, (v == "" ? "-" : v), p, cpu1, cpu2, u1, u2, x1, x2
+        printf "%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s/%s/%s\t%s/%s/%s\n", r, c, t, (v == "" ? "-" : v), p,
+            cpu1, cpu2, u1, u2, x1, x2, a[6], a[7], a[8], b[6], b[7], b[8]
     }' >> "$OUT/bench.tsv"
     [ -n "$v" ]
 }
@@ -201,6 +206,14 @@ bench_med() {
 }
 # column $3 of the rows of pairing $1, test $2
 bench_col() { awk -F'\t' -v c="$1" -v t="$2" -v k="$3" '$2 == c && $3 == t && $k != "-" { print $k }' "$OUT/bench.tsv"; }
+# the user/system/softirq split (column $2) of pairing $1's write_bw, median of each part
+bench_split() {
+    local i out=
+    for i in 1 2 3; do
+        out="$out${out:+/}$(bench_col "$1" write_bw "$2" | cut -d/ -f"$i" | bench_med | cut -d' ' -f1)"
+    done
+    echo "$out"
+}
 # per round: column $4 of pairing $1 over the same of pairing $2, test $3
 bench_ratio() {
     awk -F'\t' -v a="$1" -v b="$2" -v t="$3" -v k="$4" '
@@ -220,6 +233,11 @@ bench_report() {
             "$(bench_col "$c" write_bw 4 | bench_med)" "$(bench_col "$c" write_bw 6 | bench_med)" \
             "$(bench_col "$c" write_bw 7 | bench_med)" "$(bench_col "$c" write_bw 8 | bench_med)" \
             "$(bench_col "$c" write_bw 9 | bench_med)"
+    done
+    printf '\n%-32s %-34s %-34s\n' pairing "write_bw receiver: user/sys/softirq %" "sender: user/sys/softirq %"
+    for c in $BENCH_CONFS; do
+        printf '%-32s %-34s %-34s\n' "$(bench_conf_label "$c")" \
+            "$(bench_split "$c" 12)" "$(bench_split "$c" 13)"
     done
     printf '\n%-32s %-20s %-18s %-18s %-16s\n' pairing "write_lat 64 B us" "p99 us" "ctx/iter server" "ctx/iter client"
     for c in $BENCH_CONFS; do
@@ -253,8 +271,8 @@ bench_json() {
     {
         printf '{"bench":"rxe-interop","ib_mtu":1024,"rounds":%s,"steps":[' "$BENCH_ROUNDS"
         awk -F'\t' 'BEGIN { s = "" } {
-            printf "%s{\"round\":%s,\"pairing\":\"%s\",\"test\":\"%s\",\"value\":%s,\"p99_us\":%s,\"recv_cpu_s_per_gb\":%s,\"send_cpu_s_per_gb\":%s,\"recv_util\":%s,\"send_util\":%s,\"ctx_per_iter_server\":%s,\"ctx_per_iter_client\":%s}",
-                s, $1, $2, $3, ($4 == "-" ? "null" : $4), ($5 == "-" ? "null" : $5), $6, $7, $8, $9, $10, $11; s = "," }' "$OUT/bench.tsv"
+            printf "%s{\"round\":%s,\"pairing\":\"%s\",\"test\":\"%s\",\"value\":%s,\"p99_us\":%s,\"recv_cpu_s_per_gb\":%s,\"send_cpu_s_per_gb\":%s,\"recv_util\":%s,\"send_util\":%s,\"ctx_per_iter_server\":%s,\"ctx_per_iter_client\":%s,\"server_user_sys_softirq_pct\":\"%s\",\"client_user_sys_softirq_pct\":\"%s\"}",
+                s, $1, $2, $3, ($4 == "-" ? "null" : $4), ($5 == "-" ? "null" : $5), $6, $7, $8, $9, $10, $11, $12, $13; s = "," }' "$OUT/bench.tsv"
         printf '],"ratios":['
         while IFS='|' read -r name v want ok; do
             [ $first = 1 ] || printf ','

@@ -5,12 +5,14 @@
  *
  * Every INTERVAL_MS until it is signalled, one line:
  *
- *   t busy idle ctxt rx_packets rx_bytes tx_packets tx_bytes
+ *   t busy idle ctxt rx_packets rx_bytes tx_packets tx_bytes user system softirq
  *
  * t: CLOCK_MONOTONIC seconds; busy: user + nice + system + irq + softirq + steal jiffies
  * of the VM (all CPUs) from /proc/stat, idle: idle + iowait; ctxt: context switches since
  * boot; the rest: IFACE's counters from /sys/class/net/IFACE/statistics (virtio-net counts
- * every frame it receives, also those XDP redirects to an AF_XDP socket).
+ * every frame it receives, also those XDP redirects to an AF_XDP socket); then busy split
+ * into user + nice, system, and irq + softirq jiffies (where a program's own code, its
+ * system calls, and the kernel's receive path and rxe run).
  *
  * rxe does its work in the kernel's softirqs and tasklets, roce-xdp in its engine's
  * threads: whole-VM jiffies count both the same way. The host takes the window that
@@ -77,9 +79,10 @@ int main(int argc, char **argv)
 			ctxt = strtoull(c + 6, NULL, 10);
 		unsigned long long busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
 		unsigned long long idle = v[3] + v[4];
-		printf("%ld.%03ld %llu %llu %llu %llu %llu %llu %llu\n", (long)ts.tv_sec,
-		       ts.tv_nsec / 1000000, busy, idle, ctxt, counter(ifc, "rx_packets"),
-		       counter(ifc, "rx_bytes"), counter(ifc, "tx_packets"), counter(ifc, "tx_bytes"));
+		printf("%ld.%03ld %llu %llu %llu %llu %llu %llu %llu %llu %llu %llu\n",
+		       (long)ts.tv_sec, ts.tv_nsec / 1000000, busy, idle, ctxt,
+		       counter(ifc, "rx_packets"), counter(ifc, "rx_bytes"), counter(ifc, "tx_packets"),
+		       counter(ifc, "tx_bytes"), v[0] + v[1], v[2], v[5] + v[6]);
 		struct timespec d = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
 		nanosleep(&d, NULL);
 	}
