@@ -1441,6 +1441,8 @@ fn bench_latency_reports_every_round_trip_figure() {
     assert_eq!(reps.len(), 1);
     for k in [
         "kernel_udp",
+        "raw_xdp_echo",
+        "raw_xdp_echo_spinning",
         "rc_send",
         "rc_send_busy_poll",
         "rc_send_udp_link",
@@ -1451,7 +1453,13 @@ fn bench_latency_reports_every_round_trip_figure() {
         );
         assert!(m > 0.0 && p >= m, "{k}: median {m}, p99 {p}");
     }
-    for k in ["rc_to_udp", "rc_busy_poll_to_udp", "rc_udp_link_to_udp"] {
+    for k in [
+        "rc_to_udp",
+        "rc_busy_poll_to_udp",
+        "rc_udp_link_to_udp",
+        "rc_to_raw_echo",
+        "rc_busy_poll_to_raw_echo_spinning",
+    ] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}");
     }
     assert!(
@@ -1606,9 +1614,9 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
     }
     assert_eq!(j["udp_link"]["engine_link"], "udp");
     let h = j["headlines"].as_array().unwrap();
-    // 64 KiB W/R/S at two MTUs, 64 B W/R/S, three round trips, one UDP-link goodput,
-    // two loss rates, 1000 QPs.
-    assert_eq!(h.len(), 6 + 3 + 3 + 1 + 2 + 1, "{h:?}");
+    // 64 KiB W/R/S at two MTUs, 64 B W/R/S, three round trips over the kernel's UDP
+    // and two over the raw AF_XDP echo, one UDP-link goodput, two loss rates, 1000 QPs.
+    assert_eq!(h.len(), 6 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
     for x in h {
         assert!(x["ratio"].as_f64().unwrap() > 0.0, "{x}");
         assert_eq!(x["met"].is_boolean(), !x["target"].is_null(), "{x}");

@@ -115,6 +115,25 @@ fn qsize(n: u32) -> Result<QueueSize, String> {
 }
 
 impl XdpLink {
+    /// Waits in poll(2) until a socket has a frame to receive or `timeout` passes: true
+    /// if one has. For a caller that drives the link itself and sleeps between frames
+    /// (the raw echo of `bench latency`), as the engine thread does when idle.
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> bool {
+        let mut p: Vec<libc::pollfd> = self
+            .queues
+            .iter()
+            .map(|q| libc::pollfd {
+                fd: q.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: `p` is a live array of `p.len()` pollfds for the duration of the call.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        n > 0 && p.iter().any(|x| x.revents & libc::POLLIN != 0)
+    }
+
     /// Attaches the XDP program to `ifname` for `addrs` and binds the sockets.
     pub fn open(ifname: &str, addrs: &[IpAddr], cfg: &XdpConfig) -> Result<XdpLink, String> {
         let ifc = Interface::find(ifname).map_err(|e| e.to_string())?;

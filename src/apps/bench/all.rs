@@ -125,6 +125,18 @@ impl AllReport {
             l.ratio(RcKind::UdpLink),
             Target::None,
         );
+        push(
+            format!("{} B RC SEND round trip", l.opts.size),
+            "raw AF_XDP echo",
+            l.raw_ratio(false),
+            Target::None,
+        );
+        push(
+            format!("{} B RC SEND round trip, busy-polling", l.opts.size),
+            "raw AF_XDP echo, spinning",
+            l.raw_ratio(true),
+            Target::None,
+        );
         for row in &self.udp_link.rows {
             for p in &row.points {
                 push(

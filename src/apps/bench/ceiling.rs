@@ -196,6 +196,21 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
 /// nobody has: only the receiver's ring code sees it): a WRITE MIDDLE of a full MTU, or
 /// for a message that fits one frame, a WRITE ONLY with its RETH.
 pub(super) fn raw_frame(pair: &Pair, mtu: Mtu, size: usize) -> Result<Vec<u8>, String> {
+    raw_frame_from(pair, true, mtu, size)
+}
+
+/// [`raw_frame`] from A to B (`from_a`) or from B to A.
+pub(super) fn raw_frame_from(
+    pair: &Pair,
+    from_a: bool,
+    mtu: Mtu,
+    size: usize,
+) -> Result<Vec<u8>, String> {
+    let (from, to, ip_from, ip_to) = if from_a {
+        (&pair.a, &pair.b, pair.ip_a, pair.ip_b)
+    } else {
+        (&pair.b, &pair.a, pair.ip_b, pair.ip_a)
+    };
     let full = size >= mtu.bytes() as usize;
     let payload = vec![0x3cu8; size.min(mtu.bytes() as usize)];
     let (opcode, reth) = if full {
@@ -210,12 +225,12 @@ pub(super) fn raw_frame(pair: &Pair, mtu: Mtu, size: usize) -> Result<Vec<u8>, S
     };
     let repr = FrameRepr {
         eth: EthRepr {
-            dst: pair.b.mac(&pair.ifname)?,
-            src: pair.a.mac(&pair.ifname)?,
+            dst: to.mac(&pair.ifname)?,
+            src: from.mac(&pair.ifname)?,
             vlan: None,
             ethertype: 0x0800,
         },
-        ip: IpRepr::V4(Ipv4Repr::new(pair.ip_a, pair.ip_b, 0)),
+        ip: IpRepr::V4(Ipv4Repr::new(ip_from, ip_to, 0)),
         udp: UdpRepr {
             src_port: 49152,
             dst_port: ROCE_V2_PORT,

@@ -1,16 +1,20 @@
 //! `bench latency`: round trips of small messages between two network namespaces on a
 //! veth pair, measured side by side in one run, interleaved: the kernel's UDP sockets
-//! (the ceiling a userspace NIC should beat), roce-xdp's RC SEND ping-pong (each side
-//! waits for its completions, as `ibv_rc_pingpong` does), and the same with the engines
-//! busy-polling (`--busy-poll`), and RC SEND over the UDP link (the engines on kernel
-//! UDP sockets instead of AF_XDP). Medians and 99th percentiles per repetition, and the
-//! ratios to the kernel's.
+//! (the ceiling a userspace NIC should beat), a raw AF_XDP echo (one frame of the same
+//! size each way through the project's own ring code, no RoCE work: the round trip's
+//! own ceiling, sleeping in poll(2) between frames and spinning), roce-xdp's RC SEND
+//! ping-pong (each side waits for its completions, as `ibv_rc_pingpong` does), and the
+//! same with the engines busy-polling (`--busy-poll`), and RC SEND over the UDP link
+//! (the engines on kernel UDP sockets instead of AF_XDP). Medians and 99th percentiles
+//! per repetition, and the ratios to the kernel's and to the raw echo's.
 
 use super::super::endpoint::Endpoint;
 use super::super::workload::Report;
 use super::{BenchLink, median};
+use crate::link::FrameLink;
+use crate::link::xdp::{XdpConfig, XdpLink};
 use crate::netns::Pair;
-use crate::verbs::{RecvWr, SendFlags, SendWr};
+use crate::verbs::{Mtu, RecvWr, SendFlags, SendWr};
 use crossbeam::channel as mpsc;
 use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -67,10 +71,14 @@ impl Rtt {
     }
 }
 
-/// One repetition: the four, measured one after the other.
+/// One repetition: the six, measured one after the other.
 #[derive(Debug, Clone, Copy)]
 pub struct LatencyRep {
     pub udp: Rtt,
+    /// The raw AF_XDP echo, each side sleeping in poll(2) until its frame is there.
+    pub raw: Rtt,
+    /// The raw AF_XDP echo, each side spinning on its RX ring.
+    pub raw_busy: Rtt,
     pub rc: Rtt,
     pub rc_busy: Rtt,
     /// RC SEND with the engines on the UDP link.
@@ -114,6 +122,24 @@ impl LatencyReport {
                 .collect(),
         )
     }
+
+    /// Median over the repetitions of (RC median / raw AF_XDP echo median): RC SEND
+    /// against the sleeping echo, or busy-polling against the spinning one (`busy`).
+    pub fn raw_ratio(&self, busy: bool) -> f64 {
+        median(
+            self.reps
+                .iter()
+                .map(|r| {
+                    let (rc, raw) = if busy {
+                        (r.rc_busy, r.raw_busy)
+                    } else {
+                        (r.rc, r.raw)
+                    };
+                    rc.median_us / raw.median_us.max(1e-9)
+                })
+                .collect(),
+        )
+    }
 }
 
 impl super::BenchReport for LatencyReport {
@@ -125,11 +151,12 @@ impl super::BenchReport for LatencyReport {
         );
         s.push_str("us, median and p99 of each repetition\n");
         s.push_str(
-            "rep  kernel UDP         RC SEND            RC SEND busy-poll  RC SEND, UDP link\n",
+            "rep  kernel UDP         raw AF_XDP echo    raw echo spinning  RC SEND            \
+             RC SEND busy-poll  RC SEND, UDP link\n",
         );
         for (i, r) in self.reps.iter().enumerate() {
             s.push_str(&format!("{:<4}", i + 1));
-            for t in [r.udp, r.rc, r.rc_busy, r.rc_udp_link] {
+            for t in [r.udp, r.raw, r.raw_busy, r.rc, r.rc_busy, r.rc_udp_link] {
                 s.push_str(&format!(" {:>8.1} {:>8.1} ", t.median_us, t.p99_us));
             }
             s.push('\n');
@@ -140,6 +167,12 @@ impl super::BenchReport for LatencyReport {
             self.ratio(RcKind::Default),
             self.ratio(RcKind::BusyPoll),
             self.ratio(RcKind::UdpLink)
+        ));
+        s.push_str(&format!(
+            "RC SEND round trip / raw AF_XDP echo (medians): {:.2}; busy-polling / the \
+             spinning echo: {:.2}\n",
+            self.raw_ratio(false),
+            self.raw_ratio(true)
         ));
         s
     }
@@ -153,6 +186,8 @@ impl super::BenchReport for LatencyReport {
             "link": self.link,
             "reps": self.reps.iter().map(|r| serde_json::json!({
                 "kernel_udp": rtt(&r.udp),
+                "raw_xdp_echo": rtt(&r.raw),
+                "raw_xdp_echo_spinning": rtt(&r.raw_busy),
                 "rc_send": rtt(&r.rc),
                 "rc_send_busy_poll": rtt(&r.rc_busy),
                 "rc_send_udp_link": rtt(&r.rc_udp_link),
@@ -160,6 +195,8 @@ impl super::BenchReport for LatencyReport {
             "rc_to_udp": self.ratio(RcKind::Default),
             "rc_busy_poll_to_udp": self.ratio(RcKind::BusyPoll),
             "rc_udp_link_to_udp": self.ratio(RcKind::UdpLink),
+            "rc_to_raw_echo": self.raw_ratio(false),
+            "rc_busy_poll_to_raw_echo_spinning": self.raw_ratio(true),
         })
     }
 }
@@ -181,6 +218,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
     ));
     // Warm-up: neighbours resolved, code paged in.
     udp_pingpong(&pair, o.size, o.iters.min(200))?;
+    raw_pingpong(&pair, o.size, o.iters.min(200), false)?;
     let mut link = String::new();
     rc_pingpong(
         &pair,
@@ -194,6 +232,8 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
     let mut reps = Vec::new();
     for rep in 0..o.reps {
         let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
+        let raw = Rtt::of(raw_pingpong(&pair, o.size, o.iters, false)?);
+        let raw_busy = Rtt::of(raw_pingpong(&pair, o.size, o.iters, true)?);
         let rc_on = |link, busy, desc: &mut String| {
             rc_pingpong(&pair, link, busy, o.size, o.iters, desc).map(Rtt::of)
         };
@@ -201,16 +241,20 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
         let rc_busy = rc_on(BenchLink::Xdp, true, &mut String::new())?;
         let rc_udp_link = rc_on(BenchLink::Udp, false, &mut String::new())?;
         say(&format!(
-            "rep {}: kernel UDP {:.1} us, RC SEND {:.1} us, busy-polling {:.1} us, \
-             on the UDP link {:.1} us (medians)",
+            "rep {}: kernel UDP {:.1} us, raw AF_XDP echo {:.1} us (spinning {:.1}), \
+             RC SEND {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us (medians)",
             rep + 1,
             udp.median_us,
+            raw.median_us,
+            raw_busy.median_us,
             rc.median_us,
             rc_busy.median_us,
             rc_udp_link.median_us
         ));
         reps.push(LatencyRep {
             udp,
+            raw,
+            raw_busy,
             rc,
             rc_busy,
             rc_udp_link,
@@ -287,6 +331,93 @@ fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>,
     echo.join()
         .map_err(|_| "the UDP echo thread panicked".to_string())??;
     rtts
+}
+
+/// `iters` round trips of one raw frame between AF_XDP links in the two namespaces: A
+/// sends a RoCE-sized frame of `size` payload bytes (to a QP nobody has: no RoCE work
+/// anywhere), B's echo sends one back, each built once. The wire and the rings with
+/// nothing on top, so the RC SEND round trip's own ceiling. Each side waits for its
+/// frame in poll(2), as an idle engine thread sleeps, or spinning on its RX ring
+/// (`spin`), as a busy-polling one does.
+fn raw_pingpong(
+    pair: &Pair,
+    size: usize,
+    iters: usize,
+    spin: bool,
+) -> Result<Vec<Duration>, String> {
+    let to_b = super::ceiling::raw_frame_from(pair, true, Mtu::Mtu1024, size)?;
+    let to_a = super::ceiling::raw_frame_from(pair, false, Mtu::Mtu1024, size)?;
+    let open = |ns: &str, ip| -> Result<XdpLink, String> {
+        crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
+        XdpLink::open(&pair.ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
+    };
+    // One frame in, within STALL: sleeping in poll(2) between empty looks, or spinning.
+    let wait = |link: &mut XdpLink| -> Result<(), String> {
+        let start = Instant::now();
+        loop {
+            if link.recv(1, &mut |_| {}) > 0 {
+                return Ok(());
+            }
+            if start.elapsed() > STALL {
+                return Err("the raw echo's frame did not come back".into());
+            }
+            if !spin {
+                link.wait_readable(STALL);
+            }
+        }
+    };
+    let send = |link: &mut XdpLink, f: &[u8]| {
+        let mut once = Some(f);
+        link.send(&mut |buf: &mut [u8]| {
+            let f = once.take()?;
+            buf[..f.len()].copy_from_slice(f);
+            Some(f.len())
+        });
+        link.flush();
+    };
+    let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
+    std::thread::scope(|sc| {
+        let echo = sc.spawn(|| -> Result<(), String> {
+            let mut link = match open(&pair.b.name, pair.ip_b) {
+                Ok(l) => {
+                    let _ = ready_tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.clone()));
+                    return Err(e);
+                }
+            };
+            for _ in 0..iters {
+                wait(&mut link)?;
+                send(&mut link, &to_a);
+            }
+            Ok(())
+        });
+        let client = sc.spawn(|| -> Result<Vec<Duration>, String> {
+            ready_rx
+                .recv()
+                .map_err(|_| "the raw echo ended".to_string())??;
+            let mut link = open(&pair.a.name, pair.ip_a)?;
+            let mut rtts = Vec::with_capacity(iters);
+            for _ in 0..iters {
+                let t = Instant::now();
+                send(&mut link, &to_b);
+                wait(&mut link)?;
+                rtts.push(t.elapsed());
+            }
+            Ok(rtts)
+        });
+        let rtts = client
+            .join()
+            .map_err(|_| "the raw echo's client panicked".to_string())?;
+        let e = echo
+            .join()
+            .map_err(|_| "the raw echo panicked".to_string())?;
+        // The client's error says more than the echo's (which then only timed out).
+        let rtts = rtts?;
+        e.map(|()| rtts)
+    })
 }
 
 /// `iters` RC SEND round trips of `size` bytes between engines in the two namespaces,
