@@ -342,7 +342,8 @@ struct RunArgs {
     /// Capture every frame the program's engine sends and receives to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
-    /// The engine polls without sleeping (lowest latency, one core busy).
+    /// The engine polls without sleeping (lowest latency, one core busy); the program's
+    /// polls of an empty CQ run the engine's data path in its own thread.
     #[arg(long)]
     busy_poll: bool,
     /// The verbs library to use instead of the one built beside roce-xdp.

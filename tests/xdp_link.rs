@@ -87,6 +87,68 @@ fn mixed_64mib(netdev_mtu: u32, third: u8, want: Mtu) {
     assert_eq!(ca.drop_bad_icrc + cb.drop_bad_icrc, 0);
     let x = a.dev.stats().xdp.expect("XDP counters");
     assert!(x.redirected > 0, "{x:?}");
+    // Not busy-polling: only the engine threads run the data path.
+    assert_eq!(a.dev.stats().app_rounds + b.dev.stats().app_rounds, 0);
+}
+
+/// Busy-polling on one engine thread, an application thread that polls an empty CQ
+/// runs the data path itself (run-to-completion) and the engine thread naps meanwhile:
+/// mixed operations stay byte-exact with the two taking turns, a ping-pong completes
+/// with one thread per side, and the application threads did rounds of work (without
+/// busy-polling they never do: `mixed_64mib`).
+#[test]
+fn busy_pollers_run_the_data_path_in_their_own_threads_and_stay_byte_exact() {
+    if !need_root() {
+        return;
+    }
+    let pair = Pair::new("rxr", 61, 1500).unwrap();
+    let (a, b) = xdp_ends(&pair, QpType::Rc, MIXED_MEM, |c| c.busy_poll = true);
+    let m = workload::mixed(&a, &b, 32 << 20, 1 << 20, 0x7c7c, &mut Progress::hidden())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(m.report.bytes >= 32 << 20);
+    assert!(m.per_kind.iter().all(|&n| n > 0), "{:?}", m.per_kind);
+    // One thread per side, each waiting on its own CQ, as two programs do.
+    let iters = 2000u32;
+    b.qp.post_recv(&RecvWr::new(1, &[b.sge(0, 64)])).unwrap();
+    std::thread::scope(|sc| {
+        let echo = sc.spawn(|| {
+            for i in 0..iters {
+                let w = b.next_ok(Duration::from_secs(5)).unwrap();
+                // The next receive goes in before the answer leaves.
+                b.qp.post_recv(&RecvWr::new(1, &[b.sge(0, 64)])).unwrap();
+                assert_eq!((w.opcode, w.byte_len), (WcOpcode::Recv, 64), "{i}");
+                b.qp.post_send(&SendWr::send(2, &[b.sge(0, 64)]).with_flags(SendFlags::SIGNALED))
+                    .unwrap();
+                assert_eq!(
+                    b.next_ok(Duration::from_secs(5)).unwrap().opcode,
+                    WcOpcode::Send
+                );
+            }
+        });
+        for i in 0..iters {
+            a.qp.post_recv(&RecvWr::new(1, &[a.sge(4096, 64)])).unwrap();
+            a.mem.write(0, &i.to_le_bytes()).unwrap();
+            a.qp.post_send(&SendWr::send(2, &[a.sge(0, 64)]).with_flags(SendFlags::SIGNALED))
+                .unwrap();
+            let kinds = [
+                a.next_ok(Duration::from_secs(5)).unwrap().opcode,
+                a.next_ok(Duration::from_secs(5)).unwrap().opcode,
+            ];
+            assert_eq!(a.mem.to_vec(4096, 4).unwrap(), i.to_le_bytes(), "{i}");
+            assert!(kinds.contains(&WcOpcode::Send) && kinds.contains(&WcOpcode::Recv));
+        }
+        echo.join().unwrap();
+    });
+    // The engine threads publish their counters every 50 ms.
+    std::thread::sleep(Duration::from_millis(200));
+    let (sa, sb) = (a.dev.stats(), b.dev.stats());
+    println!(
+        "application rounds with work: A {}, B {}",
+        sa.app_rounds, sb.app_rounds
+    );
+    assert!(sa.app_rounds > 0 && sb.app_rounds > 0);
+    let (ca, cb) = (a.dev.counters().unwrap(), b.dev.counters().unwrap());
+    assert_eq!(ca.drop_bad_icrc + cb.drop_bad_icrc, 0);
 }
 
 #[test]

@@ -11,6 +11,12 @@
 //!   QP's number on its engine thread's doorbell queue, once until that thread drains
 //!   the ring. Posting allocates nothing and makes no system call unless the engine
 //!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd).
+//! - With `busy_poll` and one engine thread, a caller that polls an empty CQ runs a
+//!   round of the data path itself (run-to-completion, as poll-mode drivers do: doorbells,
+//!   received frames, timers, frames to send, completions) under the lock the engine
+//!   thread takes for its own rounds, and the engine thread naps while callers do this,
+//!   so that two spinners do not take turns at the lock and the cores. Control calls and
+//!   the port watch stay on the engine thread, in its network namespace.
 //! - Completions reach each CQ through a lock-free `crossbeam` `ArrayQueue`; `Cq::wait`
 //!   sleeps on a condition variable that the engine thread touches only when someone
 //!   waits. `Cq::req_notify` arms the CQ in that shared state, so the next completion
@@ -76,7 +82,9 @@ pub struct RuntimeConfig {
     pub netns: Option<String>,
     /// The device; `None` builds it from the interface (MAC, addresses, MTU).
     pub device: Option<DeviceConfig>,
-    /// Spin instead of sleeping when idle (lowest latency, one core busy).
+    /// Spin instead of sleeping when idle (lowest latency, one core busy). With one
+    /// engine thread, a caller polling an empty CQ then runs the engine's data path
+    /// in its own thread (see the module's notes).
     pub busy_poll: bool,
     /// Write every frame sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
@@ -506,11 +514,26 @@ impl Drop for CqShared {
 pub struct Cq {
     pub id: u32,
     sh: Arc<CqShared>,
+    /// The device's engine threads, when a poller of an empty CQ runs the data path
+    /// itself (busy-polling, one engine thread): see [`worker::ShardSet::run_here`].
+    rtc: Option<Arc<worker::ShardSet>>,
 }
 
 impl Cq {
+    /// Run-to-completion: an empty CQ's poller runs a round of the data path (when the
+    /// device lets it), so the completion it polls for may be there when it looks.
+    #[inline]
+    fn drive(&self) {
+        if let Some(set) = &self.rtc
+            && self.sh.is_empty()
+        {
+            set.run_here();
+        }
+    }
+
     /// `ibv_poll_cq`: up to `out.len()` completions; how many were written.
     pub fn poll(&self, out: &mut [Wc]) -> usize {
+        self.drive();
         self.sh.with_q(|q| {
             let mut n = 0;
             while n < out.len() {
@@ -530,6 +553,7 @@ impl Cq {
     /// place): how many.
     #[inline]
     pub fn poll_with(&self, max: usize, mut f: impl FnMut(usize, Wc)) -> usize {
+        self.drive();
         self.sh.with_q(|q| {
             let mut n = 0;
             while n < max {
@@ -546,12 +570,28 @@ impl Cq {
     }
 
     pub fn poll_one(&self) -> Option<Wc> {
+        self.drive();
         self.sh.with_q(|q| q.pop())
     }
 
-    /// Waits until a completion is there (or `timeout` passes); true if one is.
+    /// Waits until a completion is there (or `timeout` passes); true if one is. A
+    /// poller that runs the data path itself spins on it instead of sleeping.
     pub fn wait(&self, timeout: Duration) -> bool {
         if !self.sh.is_empty() {
+            return true;
+        }
+        if let Some(set) = &self.rtc
+            && set.runs_here()
+        {
+            let start = std::time::Instant::now();
+            while self.sh.is_empty() {
+                if start.elapsed() >= timeout {
+                    return false;
+                }
+                if set.run_here() == 0 {
+                    std::hint::spin_loop();
+                }
+            }
             return true;
         }
         self.sh.waiting.fetch_add(1, Ordering::SeqCst);
@@ -1097,7 +1137,8 @@ impl Device {
             l.cqs.insert(id, s2.clone());
             Ok(id)
         })?;
-        Ok(Cq { id, sh })
+        let rtc = (self.sh.busy_poll && self.threads() == 1).then(|| self.sh.set.clone());
+        Ok(Cq { id, sh, rtc })
     }
 
     /// `ibv_destroy_cq`: refused while QPs use it. Completion events it still had queued
