@@ -232,7 +232,7 @@ struct GoodputArgs {
     /// Messages in flight (default: by size, 4 MiB in flight, 4 to 128 messages).
     #[arg(short = 't', long)]
     tx_depth: Option<usize>,
-    /// The engines poll without sleeping.
+    /// The engines busy-poll (spin when idle; a caller's poll of an empty CQ runs the data path itself).
     #[arg(long)]
     busy_poll: bool,
     /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
@@ -263,7 +263,7 @@ struct OneArgs {
     /// Repetitions.
     #[arg(long, default_value_t = 1)]
     reps: usize,
-    /// The engines poll without sleeping.
+    /// The engines busy-poll (spin when idle; a caller's poll of an empty CQ runs the data path itself).
     #[arg(long)]
     busy_poll: bool,
     /// The engines' link: xdp (AF_XDP) or udp (kernel UDP sockets).
@@ -342,8 +342,8 @@ struct RunArgs {
     /// Capture every frame the program's engine sends and receives to this pcap file.
     #[arg(long)]
     pcap: Option<PathBuf>,
-    /// The engine polls without sleeping (lowest latency, one core busy); the program's
-    /// polls of an empty CQ run the engine's data path in its own thread.
+    /// The engine busy-polls (lowest latency, one core busy): it spins when idle, and
+    /// the program's polls of an empty CQ run its data path in the program's thread.
     #[arg(long)]
     busy_poll: bool,
     /// The verbs library to use instead of the one built beside roce-xdp.

@@ -468,27 +468,62 @@ fn rdma_core_tools_at_ib_mtu_4096() {
     on_pair("rvq", 46, 4200, PINGPONG_TOOLS, |p| pingpongs(p, 4096));
 }
 
-/// `roce-xdp run --busy-poll`: stock perftest polls an empty CQ, and each poll runs a
-/// round of the engine's data path in the program's own thread (run-to-completion). A
-/// latency and a bandwidth test complete on both sides, and the published counters of
-/// each side that polls (both of ib_send_lat; ib_write_bw's writer: its target polls
-/// nothing) show rounds of work done by the program's thread.
+/// `roce-xdp run --busy-poll`: stock programs poll an empty CQ, and each poll runs a
+/// round of the engine's data path in the program's own thread (run-to-completion). All
+/// complete on both sides, also those that wait in other ways while the engine thread
+/// sleeps: ib_write_lat spins on memory for the peer's WRITE, `ibv_rc_pingpong -e`
+/// sleeps in `ibv_get_cq_event`, ib_write_bw's target polls nothing. The published
+/// counters of each side that polls (both of ib_send_lat and ib_write_lat, the writer
+/// of ib_write_bw) show rounds of work done by the program's thread.
 #[test]
-fn busy_polling_perftest_runs_the_data_path_in_its_own_thread() {
-    on_pair("rvb", 49, 1500, &["ib_send_lat", "ib_write_bw"], |pair| {
+fn busy_polling_programs_run_the_data_path_in_their_own_thread() {
+    let tools_needed = [
+        "ib_send_lat",
+        "ib_write_lat",
+        "ib_write_bw",
+        "ibv_rc_pingpong",
+    ];
+    on_pair("rvb", 49, 1500, &tools_needed, |pair| {
         let mut port = 18790u16;
-        let tools: [(&[&str], bool); 2] = [
-            (&["ib_send_lat", "-s", "64", "-n", "2000"], true),
-            (&["ib_write_bw", "-s", "65536", "-n", "500"], false),
+        let perf = ["-d", "rxdp_veth0", "-x", "1"];
+        let pp = ["-d", "rxdp_veth0", "-g", "1"];
+        // (program and arguments, the device's, whether the server polls, whether the
+        // client does)
+        let tools: [(&[&str], &[&str], bool, bool); 4] = [
+            (
+                &["ib_send_lat", "-s", "64", "-n", "2000"],
+                &perf,
+                true,
+                true,
+            ),
+            (
+                &["ib_write_lat", "-s", "64", "-n", "2000"],
+                &perf,
+                true,
+                true,
+            ),
+            (
+                &["ib_write_bw", "-s", "65536", "-n", "500"],
+                &perf,
+                false,
+                true,
+            ),
+            (
+                &["ibv_rc_pingpong", "-e", "-n", "200", "-c"],
+                &pp,
+                false,
+                false,
+            ),
         ];
-        for (tool, server_polls) in tools {
+        for (tool, dev, server_polls, client_polls) in tools {
             let mut attempt = 0;
             loop {
                 attempt += 1;
                 port += 1;
                 let p = port.to_string();
                 let mut args = tool.to_vec();
-                args.extend(["-d", "rxdp_veth0", "-x", "1", "-p", &p]);
+                args.extend(dev);
+                args.extend(["-p", &p]);
                 let s = Child::spawn(run_in(&pair.a, &["--busy-poll"], &args));
                 let spid = s.0.as_ref().map(|c| c.id()).unwrap();
                 assert!(wait_listening(&pair.a, port, 20), "{args:?} never listened");
@@ -509,11 +544,10 @@ fn busy_polling_perftest_runs_the_data_path_in_its_own_thread() {
                     ok_c && ok_s,
                     "{args:?} failed\n--- server:\n{out_s}\n--- client:\n{out_c}"
                 );
-                let pids = if server_polls {
-                    vec![spid, cpid]
-                } else {
-                    vec![cpid]
-                };
+                let pids = [(spid, server_polls), (cpid, client_polls)]
+                    .into_iter()
+                    .filter(|x| x.1)
+                    .map(|x| x.0);
                 let file = |pid: u32| {
                     roce_xdp::apps::stats::dir().join(format!("{}-rxdp_veth0-{pid}.json", tool[0]))
                 };

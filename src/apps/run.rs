@@ -30,7 +30,7 @@ pub struct Opts {
     pub link: Option<String>,
     /// Capture every frame of the engine to this pcap file.
     pub pcap: Option<PathBuf>,
-    /// Engine threads poll without sleeping.
+    /// The engine busy-polls (spin when idle; a caller's poll of an empty CQ runs the data path itself).
     pub busy_poll: bool,
     /// Log what the engine does.
     pub verbose: bool,

@@ -1769,11 +1769,23 @@ fn unregister(i: &Id) {
     g.listeners.retain(|l| l.2 != p);
 }
 
-/// The hook every device's engine calls with its CM events (on the engine thread):
-/// hands them to the dispatcher thread.
+/// The hook every device's engine calls with its CM events (from the thread running
+/// the data path): hands them to the dispatcher thread.
 pub(crate) fn on_engine_event(dev: &str, e: CmEvent) {
+    let _ = dispatcher().send((dev.to_string(), e));
+}
+
+/// Starts the dispatcher thread, from the thread opening a device: started by the first
+/// CM event instead, it would inherit the affinity, scheduling policy and signal mask
+/// of whichever thread delivered it, a busy-polling caller among them.
+pub(crate) fn start_dispatcher() {
+    let _ = dispatcher();
+}
+
+/// The channel to the thread that turns engine CM events into rdma_cm events.
+fn dispatcher() -> &'static crossbeam::channel::Sender<(String, CmEvent)> {
     static TX: OnceLock<crossbeam::channel::Sender<(String, CmEvent)>> = OnceLock::new();
-    let tx = TX.get_or_init(|| {
+    TX.get_or_init(|| {
         let (tx, rx) = crossbeam::channel::unbounded::<(String, CmEvent)>();
         let _ = std::thread::Builder::new()
             .name("roce-xdp-cm".into())
@@ -1784,8 +1796,7 @@ pub(crate) fn on_engine_event(dev: &str, e: CmEvent) {
                 }
             });
         tx
-    });
-    let _ = tx.send((dev.to_string(), e));
+    })
 }
 
 /// Held while the dispatcher turns an event into one for an ID, and while an ID is

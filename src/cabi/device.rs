@@ -269,6 +269,7 @@ fn hub_for(d: &Dev) -> Result<Arc<Hub>, (i32, String)> {
         r2.lock().unwrap_or_else(|e| e.into_inner()).dispatch(e)
     })));
     let dev_name = name.clone();
+    super::cm::start_dispatcher();
     cfg.cm_hook = Some(crate::runtime::CmHook(Arc::new(move |e| {
         super::cm::on_engine_event(&dev_name, e)
     })));

@@ -53,7 +53,7 @@ impl<T> FdQueue<T> {
     }
 
     /// Queues an event and makes the descriptor readable (never blocks for long: called
-    /// on the engine thread).
+    /// by the thread running the data path).
     pub fn notify(&self, event: T) {
         let mut q = self.events.lock().unwrap_or_else(|e| e.into_inner());
         q.push_back(event);

@@ -7,10 +7,9 @@
 //! until a frame, a doorbell or the next timer (unless `busy_poll`). The data path of a
 //! round ([`DataPath`]) sits behind a lock, so that with `busy_poll` and one engine
 //! thread an application thread polling its CQ can run it too ([`ShardSet::run_here`]).
-//! In a raw AF_XDP echo between two namespaces here, one frame each way took 5 us
-//! spinning; RC SEND busy-polling took 30-52 us with a hop to each engine thread and
-//! 16-20 us with the pollers running the rounds (`bench latency`, old and new binaries
-//! interleaved).
+//! Busy-polling RC SEND round trips here took 27-39 us with a hop to each engine thread
+//! and 15-25 us with the callers running the rounds (`bench latency`, old and new
+//! binaries interleaved; a raw AF_XDP echo took 4-8 us).
 
 use super::{
     Cmd, CqShared, DeviceInfo, EventSink, LinkKind, QpRegistry, RuntimeConfig, SRQ_BELL,
@@ -472,29 +471,23 @@ impl ShardSet {
     /// thread (or another caller) is running one: what a busy-polling application
     /// thread does when its CQ is empty, so that the frame it waits for is taken off
     /// the ring, processed and completed without a hop to the engine thread. The work
-    /// done (0 also when there is no shared data path).
-    pub(crate) fn run_here(&self) -> usize {
-        let Some(path) = self.rtc.get() else {
-            return 0;
-        };
-        let mut g = match path.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return 0,
-        };
-        let Some(d) = g.as_mut() else {
-            return 0;
-        };
+    /// done, or `None` when no round ran here (the lock was taken, the engine stopped,
+    /// or the device does not share its data path). A round left half done by a panic
+    /// (the lock poisoned) is not run again here; the engine thread then stops.
+    pub(crate) fn run_here(&self) -> Option<usize> {
+        let path = self.rtc.get()?;
+        let mut g = path.try_lock().ok()?;
+        let d = g.as_mut()?;
         self.rtc_last
             .store(crate::time::monotonic_ns(), Ordering::Relaxed);
         let work = d.round(self);
         d.app_rounds += u64::from(work > 0);
-        work
+        Some(work)
     }
 
-    /// True when there is a data path application threads run, and they have.
+    /// True while callers may run the data path (it is shared and its engine runs).
     pub(crate) fn runs_here(&self) -> bool {
-        self.rtc.get().is_some()
+        self.rtc.get().is_some() && !self.stopped.load(Ordering::SeqCst)
     }
 
     /// Whether an application thread ran the data path within the last `ns`.
@@ -809,12 +802,20 @@ impl DataPath {
 pub(crate) type SharedPath = Arc<Mutex<Option<DataPath>>>;
 
 /// How long after an application thread last ran the data path a busy-polling engine
-/// thread stays out of its way, napping instead of spinning: two spinners on one
-/// data path would take turns at its lock and at the cores.
+/// thread stays out of its way, sleeping when idle instead of spinning: two spinners
+/// on one data path would take turns at its lock and at the cores.
 const RTC_HOLD_NS: u64 = 2_000_000;
-/// The engine thread's nap meanwhile (it then runs a round itself: control calls, the
-/// port, the stats, and anything the application thread stopped polling for).
-const RTC_NAP: Duration = Duration::from_millis(1);
+
+/// Takes a shard's data path out of the callers' reach when its engine thread ends,
+/// also by unwinding (see `shard_loop`).
+struct TakeOnExit<'a>(&'a SharedPath, &'a ShardSet);
+
+impl Drop for TakeOnExit<'_> {
+    fn drop(&mut self) {
+        self.1.stopped.store(true, Ordering::SeqCst);
+        drop(self.0.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+}
 
 /// One engine thread's loop. Shard 0 also writes the stats file and, when it stops,
 /// stops and joins the others.
@@ -873,8 +874,13 @@ fn shard_loop(
     let mut last_pub = Instant::now();
     let mut last_port = Instant::now();
     let mut last_file = Instant::now();
+    // On the way out, also by unwinding: the data path is taken out of the callers'
+    // reach (and the cycle through its `Locals` broken), and posting fails from then on.
+    let _out = TakeOnExit(&path, &set);
     loop {
-        let mut g = path.lock().unwrap_or_else(|e| e.into_inner());
+        // A caller that panicked inside a round left it poisoned: the engine stops, as
+        // it would have had the panic been its own.
+        let Ok(mut g) = path.lock() else { break };
         let Some(d) = g.as_mut() else { break };
         let mut work = 0usize;
         // Doorbells and calls.
@@ -895,15 +901,26 @@ fn shard_loop(
             break;
         }
         work += d.round(&set);
-        if last_pub.elapsed() > Duration::from_millis(50) {
+        // The counters are copied under the lock; files and the interface are read
+        // after it, so that a polling caller is not held up by them.
+        let published =
+            (last_pub.elapsed() > Duration::from_millis(50)).then(|| d.stats(&link_desc, false));
+        // What an idle round decides on.
+        let (must_send, due, now) = if work == 0 {
+            (
+                d.l.engine.wants_transmit() || d.link.get().tx_pending(),
+                [
+                    d.l.engine.poll_timeout(),
+                    d.faults.as_ref().and_then(|f| f.next_due()),
+                ],
+                d.rec.now(),
+            )
+        } else {
+            (false, [None, None], Time(0))
+        };
+        drop(g);
+        if let Some(s) = published {
             last_pub = Instant::now();
-            if me == 0 && last_port.elapsed() > PORT_WATCH {
-                last_port = Instant::now();
-                if watch_port(cfg.port_ifname.as_deref(), &set.port_up, &events) == Some(false) {
-                    d.l.engine.link_down();
-                }
-            }
-            let s = d.stats(&link_desc, false);
             *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
             if me == 0
                 && let Some(p) = &cfg.stats_file
@@ -912,14 +929,16 @@ fn shard_loop(
                 last_file = Instant::now();
                 write_stats(p, &Stats::total(&set.stats));
             }
+            if me == 0 && last_port.elapsed() > PORT_WATCH {
+                last_port = Instant::now();
+                if watch_port(cfg.port_ifname.as_deref(), &set.port_up, &events) == Some(false)
+                    && let Ok(mut g) = path.lock()
+                    && let Some(d) = g.as_mut()
+                {
+                    d.l.engine.link_down();
+                }
+            }
         }
-        let must_send = d.l.engine.wants_transmit() || d.link.get().tx_pending();
-        let due = [
-            d.l.engine.poll_timeout(),
-            d.faults.as_ref().and_then(|f| f.next_due()),
-        ];
-        let now = d.rec.now();
-        drop(g);
         if work > 0 {
             idle = 0;
             continue;
@@ -933,13 +952,12 @@ fn shard_loop(
             std::thread::yield_now();
             continue;
         }
-        if cfg.busy_poll && set.app_polled_within(RTC_HOLD_NS) {
-            // An application thread runs the data path as it polls: stay out of its way.
-            std::thread::sleep(RTC_NAP);
-            continue;
-        }
+        // An application thread runs the data path as it polls: sleep as an idle thread
+        // does instead of spinning beside it (a frame, a doorbell or a call still wakes
+        // this thread at once, for a program that stops polling to wait otherwise).
+        let driven = cfg.busy_poll && set.app_polled_within(RTC_HOLD_NS);
         idle = idle.saturating_add(1);
-        if cfg.busy_poll || (idle < SPIN_ROUNDS && Instant::now() >= no_spin_until) {
+        if !driven && (cfg.busy_poll || (idle < SPIN_ROUNDS && Instant::now() >= no_spin_until)) {
             // Keep polling, but give the core away between rounds: the application
             // thread that posts the next WR or polls the CQ often shares this core,
             // and a bare spin would keep it waiting for the end of our time slice.
@@ -972,7 +990,10 @@ fn shard_loop(
     set.stopped.store(true, Ordering::SeqCst);
     // Out of the application threads' reach from here on.
     let taken = path.lock().unwrap_or_else(|e| e.into_inner()).take();
-    let Some(mut d) = taken else { return };
+    let Some(mut d) = taken else {
+        // Not reached: only this thread takes the data path out.
+        return;
+    };
     // Shutdown: flush every QP, hand out the last completions.
     let qpns: Vec<u32> = d.l.qps.keys().copied().collect();
     for q in qpns {

@@ -37,7 +37,7 @@ pub struct GoodputOpts {
     pub depth: Option<usize>,
     /// Print as perftest's `ib_*_bw` prints (`bench write|read|send`).
     pub perftest_style: bool,
-    /// The engines poll without sleeping.
+    /// The engines busy-poll (spin when idle; a caller's poll of an empty CQ runs the data path itself).
     pub busy_poll: bool,
     /// The engines' link (the ceilings are the same either way).
     pub link: BenchLink,

@@ -129,7 +129,7 @@ impl BenchLink {
 
 /// Two engines over AF_XDP, one in each namespace of `pair`, with an RC QP each (`mem`
 /// bytes registered) connected at IB MTU `mtu` (`None`: the port's); `busy` makes the
-/// engines poll without sleeping.
+/// engines busy-poll.
 pub(crate) fn rc_pair(
     pair: &crate::netns::Pair,
     mtu: Option<crate::verbs::Mtu>,
