@@ -19,9 +19,10 @@
 //!   `poll()`; `rdma_get_cm_event` blocks unless the program made the fd non-blocking;
 //! - synchronous IDs (no channel, `rdma_create_ep`): each call waits for its event.
 //!
-//! The engine's CM events arrive on the engine thread; one thread of this library
-//! (started with the first device) turns them into rdma_cm events, since that needs
-//! calls into the runtime the engine thread cannot wait for.
+//! The engine's CM events arrive on the thread running the data path (the engine
+//! thread, or a busy-polling caller); one thread of this library (started with the
+//! first device) turns them into rdma_cm events, since that needs calls into the
+//! runtime that thread cannot wait for.
 
 use super::device::{Hub, context, device_for};
 use super::sys::*;

@@ -10,7 +10,8 @@
 //!   ring (a `crossbeam` `ArrayQueue` allocated with the QP) and rung as a doorbell: the
 //!   QP's number on its engine thread's doorbell queue, once until that thread drains
 //!   the ring. Posting allocates nothing and makes no system call unless the engine
-//!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd).
+//!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd), or a
+//!   busy-polling caller runs the round itself (below: its frames' `sendto`).
 //! - With `busy_poll` and one engine thread, a caller that polls an empty CQ, or posts
 //!   the only WR outstanding on a send queue, runs a round of the data path itself (run-to-completion, as poll-mode drivers do:
 //!   doorbells, received frames, timers, frames to send, completions) under the lock the
@@ -110,7 +111,8 @@ pub struct RuntimeConfig {
     pub port_ifname: Option<String>,
     /// Where asynchronous events go instead of [`Device::next_event`] (called by the
     /// thread running the data path, the engine thread or a busy-polling caller inside
-    /// `Cq::poll`: it must not block, nor take a lock a caller of `Cq::poll` may hold).
+    /// `Cq::poll`, `Cq::wait` or a post: it must not block, nor take a lock such a
+    /// caller may hold).
     pub event_hook: Option<EventHook>,
     /// Where the Communication Manager's events go instead of
     /// [`Device::next_cm_event`] (called as [`RuntimeConfig::event_hook`] is).
@@ -780,8 +782,9 @@ impl Qp {
         )
     }
 
-    /// `ibv_post_send`: checked here, executed by the engine thread. Allocates nothing;
-    /// makes a system call only to wake a sleeping engine thread.
+    /// `ibv_post_send`: checked here, executed by the engine thread (or, busy-polling,
+    /// by this caller when it is the only WR outstanding: `Shared::ring`). Allocates
+    /// nothing; makes a system call only to wake a sleeping engine thread or to send.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
         self.check_send(wr)?;
         if !claim(

@@ -4,7 +4,8 @@
 //! batch of frames to send, completions handed to the CQs' queues, QP state and queue
 //! occupancy mirrored for the callers' checks. When a few hundred rounds in a row find
 //! nothing to do, the thread sleeps in poll(2) on the link's descriptors and an eventfd
-//! until a frame, a doorbell or the next timer (unless `busy_poll`). The data path of a
+//! until a frame, a doorbell or the next timer (`busy_poll`: it spins instead, unless
+//! callers run the data path; then it sleeps after one idle round). The data path of a
 //! round ([`DataPath`]) sits behind a lock, so that with `busy_poll` and one engine
 //! thread an application thread polling its CQ can run it too ([`ShardSet::run_here`]).
 //! Busy-polling RC SEND round trips here took 27-39 us with a hop to each engine thread
@@ -415,6 +416,11 @@ pub(crate) struct ShardSet {
     pub rtc: std::sync::OnceLock<SharedPath>,
     /// When an application thread last ran it ([`crate::time::monotonic_ns`]).
     pub rtc_last: AtomicU64,
+    /// Raised by a caller whose round left work the sleeping engine thread would not
+    /// see: frames still to send, or a timer due before its sleep ends (`sleep_until`).
+    pub kick: AtomicBool,
+    /// When the engine thread's sleep ends (engine time, ns), `u64::MAX` while awake.
+    pub sleep_until: AtomicU64,
 }
 
 /// A channel of frames handed from one engine thread to another (the last two bytes
@@ -464,6 +470,8 @@ impl ShardSet {
             tap: Arc::new(Mutex::new(None)),
             rtc: std::sync::OnceLock::new(),
             rtc_last: AtomicU64::new(0),
+            kick: AtomicBool::new(false),
+            sleep_until: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -482,6 +490,17 @@ impl ShardSet {
             .store(crate::time::monotonic_ns(), Ordering::Relaxed);
         let work = d.round(self);
         d.app_rounds += u64::from(work > 0);
+        // What this round leaves undone is the engine thread's once the caller stops
+        // polling: frames that did not fit one send (a large WR, copy mode's budget
+        // per kick), or a timer it armed that falls before the engine thread wakes.
+        let until = self.sleep_until.load(Ordering::SeqCst);
+        if d.l.engine.wants_transmit()
+            || d.link.get().tx_pending()
+            || d.l.engine.poll_timeout().is_some_and(|t| t.0 < until)
+        {
+            self.kick.store(true, Ordering::SeqCst);
+            self.links[d.l.me].wake.ring();
+        }
         Some(work)
     }
 
@@ -805,6 +824,9 @@ pub(crate) type SharedPath = Arc<Mutex<Option<DataPath>>>;
 /// thread stays out of its way, sleeping when idle instead of spinning: two spinners
 /// on one data path would take turns at its lock and at the cores.
 const RTC_HOLD_NS: u64 = 2_000_000;
+/// The longest the engine thread sleeps meanwhile: a timer a caller arms for later than
+/// that is seen when it wakes; one for earlier wakes it (see `run_here`).
+const DRIVEN_SLEEP: Duration = Duration::from_millis(1);
 
 /// Takes a shard's data path out of the callers' reach when its engine thread ends,
 /// also by unwinding (see `shard_loop`).
@@ -833,7 +855,6 @@ fn shard_loop(
     let n = set.len();
     let cmds = set.links[me].cmd_rx.clone();
     let wake_fd = set.links[me].wake.fd;
-    let sleeping = set.links[me].wake.sleeping.clone();
     let stats = set.stats[me].clone();
     let mut link = link;
     let link_desc = link.get().describe();
@@ -972,20 +993,22 @@ fn shard_loop(
             }
             continue;
         }
-        // Sleep until a frame, a doorbell or the next timer.
+        // Sleep until a frame, a doorbell or the next timer. Driven, at most
+        // DRIVEN_SLEEP: the timers the callers' rounds arm later than that need no
+        // wake-up (see `run_here`).
+        let cap = if driven { DRIVEN_SLEEP } else { MAX_SLEEP };
         let timeout = match due.into_iter().flatten().min() {
-            Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),
-            None => MAX_SLEEP,
+            Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(cap),
+            None => cap,
         };
-        sleep(
-            &fds,
-            wake_fd,
-            &sleeping,
-            timeout,
-            &cmds,
-            &set.fwd[me].1,
-            &set.bells[me],
+        // poll(2) sleeps whole milliseconds, at least one.
+        let slept = timeout.max(Duration::from_millis(1));
+        set.sleep_until.store(
+            now.0.saturating_add(slept.as_nanos() as u64),
+            Ordering::SeqCst,
         );
+        sleep(&fds, timeout, &set, me);
+        set.sleep_until.store(u64::MAX, Ordering::SeqCst);
     }
     set.stopped.store(true, Ordering::SeqCst);
     // Out of the application threads' reach from here on.
@@ -1026,15 +1049,17 @@ fn shard_loop(
     drop(d);
 }
 
-fn sleep(
-    fds: &[i32],
-    wake_fd: i32,
-    sleeping: &AtomicBool,
-    timeout: Duration,
-    cmds: &Receiver<Cmd>,
-    fwd: &Receiver<Vec<u8>>,
-    bells: &ArrayQueue<u32>,
-) {
+/// Sleeps in poll(2) on `fds` (the link's and the wake-up eventfd) for at most
+/// `timeout`, unless shard `me` has a call, a frame handed over, a doorbell or a
+/// caller's kick waiting.
+fn sleep(fds: &[i32], timeout: Duration, set: &ShardSet, me: usize) {
+    let (cmds, fwd, bells, kick) = (
+        &set.links[me].cmd_rx,
+        &set.fwd[me].1,
+        &set.bells[me],
+        &set.kick,
+    );
+    let (wake_fd, sleeping) = (set.links[me].wake.fd, &*set.links[me].wake.sleeping);
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -1045,9 +1070,11 @@ fn sleep(
         .collect();
     let ms = timeout.as_millis().clamp(1, 1000) as i32;
     // Raise the flag, then look at the doorbells once more: a caller either sees the flag
-    // and rings the eventfd, or rang before and its command is seen here.
+    // and rings the eventfd, or rang before and its command is seen here. The same for
+    // a caller's kick (work its round left).
     sleeping.store(true, Ordering::SeqCst);
-    if cmds.is_empty() && fwd.is_empty() && bells.is_empty() {
+    if cmds.is_empty() && fwd.is_empty() && bells.is_empty() && !kick.swap(false, Ordering::SeqCst)
+    {
         // SAFETY: `p` is a valid array of pollfd of the given length.
         unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
     }
