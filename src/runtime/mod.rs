@@ -13,16 +13,18 @@
 //!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd), or a
 //!   busy-polling caller runs the round itself (below: its frames' `sendto`).
 //! - With `busy_poll` and one engine thread, a caller that polls an empty CQ, or posts
-//!   the only WR outstanding on a send queue, runs a round of the data path itself (run-to-completion, as poll-mode drivers do:
-//!   doorbells, received frames, timers, frames to send, completions) under the lock the
-//!   engine thread takes for its own rounds. While callers do this the engine thread
+//!   the only WR outstanding on a send queue, runs a round of the data path itself
+//!   (run-to-completion, as poll-mode drivers do: doorbells, received frames, timers,
+//!   frames to send, completions) under the lock the engine thread takes for its own
+//!   rounds. While callers do this the engine thread
 //!   sleeps when idle instead of spinning beside them (a frame, a doorbell or a call
 //!   wakes it, as in the default mode). Control calls and the port watch stay on the
 //!   engine thread (the port watch needs its network namespace).
 //! - Completions reach each CQ through a lock-free `crossbeam` `ArrayQueue`; `Cq::wait`
 //!   sleeps on a condition variable that the engine thread touches only when someone
-//!   waits (a caller that runs the data path itself spins instead). `Cq::req_notify` arms the CQ in that shared state, so the next completion
-//!   handed over signals the CQ's [`CompChannel`] (a file descriptor to `poll()`).
+//!   waits (a caller that runs the data path itself spins instead). `Cq::req_notify`
+//!   arms the CQ in that shared state, so the next completion handed over signals the
+//!   CQ's [`CompChannel`] (a file descriptor to `poll()`).
 //! - A frame the engine sends to one of its own addresses (two QPs of the same device)
 //!   goes straight back into it, as rxe loops such packets back.
 //! - Memory regions are `Arc<Memory>`: the engine copies into and out of them with the
@@ -441,10 +443,11 @@ impl CqShared {
         r
     }
 
-    /// Queues a completion (the thread running the data path) and signals the channel if the CQ is armed
-    /// for it. False when full. A thread blocked in [`Cq::wait`] is not woken here but
-    /// by [`wake_waiters`](Self::wake_waiters) once per batch: a wake per completion
-    /// cost the engine a futex call per message while the waiter was still waking up.
+    /// Queues a completion (the thread running the data path) and signals the channel
+    /// if the CQ is armed for it. False when full. A thread blocked in [`Cq::wait`] is
+    /// not woken here but by [`wake_waiters`](Self::wake_waiters) once per batch: a
+    /// wake per completion cost the engine a futex call per message while the waiter
+    /// was still waking up.
     pub(crate) fn push(&self, wc: Wc, solicited: bool) -> bool {
         // SAFETY: `resize` runs only on a device with one engine thread, as a control
         // call under the data path's lock, and pushes run under that lock too (the
@@ -755,12 +758,15 @@ impl Qp {
 
     /// Send WRs that can be posted now before the send queue is full.
     pub fn send_room(&self) -> u64 {
-        let used = self
-            .sh
+        u64::from(self.sh.cap.max_send_wr).saturating_sub(self.sq_used())
+    }
+
+    /// Send WRs posted and not yet completed.
+    fn sq_used(&self) -> u64 {
+        self.sh
             .sq_posted
             .load(Ordering::SeqCst)
-            .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst));
-        u64::from(self.sh.cap.max_send_wr).saturating_sub(used)
+            .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst))
     }
 
     /// The checks `post_send` makes of a WR (the QP's state, the WR against the QP's
@@ -800,12 +806,7 @@ impl Qp {
         }
         let k = self.sh.shard.load(Ordering::SeqCst);
         // The one just claimed is the only one outstanding.
-        let first = self
-            .sh
-            .sq_posted
-            .load(Ordering::SeqCst)
-            .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst))
-            == 1;
+        let first = self.sq_used() == 1;
         if push_waiting(&self.sh.sq_ring, *wr, &self.dev.set, k).is_err()
             || !self.dev.ring(k, &self.sh.rung, self.qpn, first)
         {

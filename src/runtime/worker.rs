@@ -672,15 +672,15 @@ impl Recorder {
         if !self.tapping {
             return;
         }
-        let wall = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap_or_default()
-            .saturating_sub(self.start.elapsed())
-            + Duration::from_nanos(t.0);
         let mut g = self.tap.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = g.as_mut()
             && w.frames() < self.max
         {
+            let wall = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap_or_default()
+                .saturating_sub(self.start.elapsed())
+                + Duration::from_nanos(t.0);
             let _ = w.write(wall, f);
         }
     }
