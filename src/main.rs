@@ -346,6 +346,11 @@ struct RunArgs {
     /// the program's polls of an empty CQ run its data path in the program's thread.
     #[arg(long)]
     busy_poll: bool,
+    /// Whether the program's polls of an empty CQ (and posts of a burst's first WR)
+    /// run the data path in its thread: auto does with --busy-poll, and when the
+    /// program may run on one CPU only (taskset, a 1-vCPU VM).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    caller_rounds: String,
     /// The verbs library to use instead of the one built beside roce-xdp.
     #[arg(long)]
     lib: Option<PathBuf>,
@@ -915,6 +920,11 @@ fn run_program(a: RunArgs, verbose: bool) -> ExitCode {
         link: (a.link != "auto").then_some(a.link),
         pcap: a.pcap,
         busy_poll: a.busy_poll,
+        caller_rounds: match a.caller_rounds.as_str() {
+            "on" => Some(true),
+            "off" => Some(false),
+            _ => None,
+        },
         verbose,
         lib: a.lib,
     };

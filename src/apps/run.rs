@@ -32,6 +32,9 @@ pub struct Opts {
     pub pcap: Option<PathBuf>,
     /// The engine busy-polls (spin when idle; a caller's poll of an empty CQ runs the data path itself).
     pub busy_poll: bool,
+    /// Whether the program's polls and posts run the data path in its thread
+    /// (`RuntimeConfig::caller_rounds`; `None`: the library decides).
+    pub caller_rounds: Option<bool>,
     /// Log what the engine does.
     pub verbose: bool,
     /// The library to use instead of the one beside this binary.
@@ -137,6 +140,12 @@ pub fn env(o: &Opts) -> Result<Vec<(String, OsString)>, String> {
     }
     if o.busy_poll {
         v.push(("ROCE_XDP_BUSY_POLL".into(), "1".into()));
+    }
+    if let Some(on) = o.caller_rounds {
+        v.push((
+            crate::cabi::LIB_ENV_CALLER_ROUNDS.into(),
+            if on { "1" } else { "0" }.into(),
+        ));
     }
     if o.verbose {
         v.push(("ROCE_XDP_LOG".into(), "info".into()));

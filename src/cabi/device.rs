@@ -26,6 +26,9 @@ pub const LIB_ENV_LINK: &str = "ROCE_XDP_LINK";
 /// `roce-xdp run --pcap FILE`: every frame of the engine to FILE (`.DEVICE` appended when
 /// several devices are opened).
 pub const LIB_ENV_PCAP: &str = "ROCE_XDP_PCAP";
+/// `roce-xdp run --caller-rounds on|off`: `1` or `0` for
+/// `RuntimeConfig::caller_rounds` (unset: decided at open).
+pub const LIB_ENV_CALLER_ROUNDS: &str = "ROCE_XDP_CALLER_ROUNDS";
 
 /// rxe's GID table length (RXE_PORT_GID_TBL_LEN): entries past the addresses are empty.
 pub(crate) const GID_TBL_LEN: u32 = 1024;
@@ -275,6 +278,11 @@ fn hub_for(d: &Dev) -> Result<Arc<Hub>, (i32, String)> {
     })));
     cfg.port_ifname = Some(netdev.clone());
     cfg.busy_poll = std::env::var("ROCE_XDP_BUSY_POLL").is_ok_and(|v| v == "1");
+    cfg.caller_rounds = match std::env::var(LIB_ENV_CALLER_ROUNDS).as_deref() {
+        Ok("1") => Some(true),
+        Ok("0") => Some(false),
+        _ => None,
+    };
     if let Some(p) = std::env::var_os(LIB_ENV_PCAP) {
         let mut p = std::path::PathBuf::from(p);
         if hubs.iter().any(|(n, _)| *n != name) {

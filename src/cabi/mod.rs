@@ -37,7 +37,7 @@ pub mod sys;
 
 use std::panic::AssertUnwindSafe;
 
-pub use device::{LIB_ENV_LINK, LIB_ENV_PCAP};
+pub use device::{LIB_ENV_CALLER_ROUNDS, LIB_ENV_LINK, LIB_ENV_PCAP};
 
 /// The runtime device behind a context `ibv_open_device` returned, for programs (and
 /// benchmarks) that use both doors on one engine. `None` for a pointer that is not a

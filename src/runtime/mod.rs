@@ -11,8 +11,9 @@
 //!   QP's number on its engine thread's doorbell queue, once until that thread drains
 //!   the ring. Posting allocates nothing and makes no system call unless the engine
 //!   thread sleeps (it sleeps only when idle, and is then woken by an eventfd), or a
-//!   busy-polling caller runs the round itself (below: its frames' `sendto`).
-//! - With `busy_poll` and one engine thread, a caller that polls an empty CQ, or posts
+//!   caller runs the round itself (below: its frames' `sendto`).
+//! - With one engine thread, and `busy_poll` or a process that may use one CPU only
+//!   ([`RuntimeConfig::caller_rounds`]), a caller that polls an empty CQ, or posts
 //!   the only WR outstanding on a send queue, runs a round of the data path itself
 //!   (run-to-completion, as poll-mode drivers do: doorbells, received frames, timers,
 //!   frames to send, completions) under the lock the engine thread takes for its own
@@ -90,6 +91,13 @@ pub struct RuntimeConfig {
     /// engine thread, a caller polling an empty CQ then runs the engine's data path
     /// in its own thread (see the module's notes).
     pub busy_poll: bool,
+    /// Whether callers run the data path in their own thread (one engine thread only):
+    /// a poll of an empty CQ, and the post of a burst's first WR, run a round of it.
+    /// `None` (the default): with `busy_poll`, and when the process may run on one CPU
+    /// only ([`one_cpu`]), where the caller and the engine thread never run at once and
+    /// every hop between them is a context switch (a 1-vCPU VM: `ib_write_lat` made
+    /// 18 of them per iteration against rxe's 0.3).
+    pub caller_rounds: Option<bool>,
     /// Write every frame sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
     /// Stop writing the pcap after this many frames (long runs make huge captures).
@@ -182,6 +190,7 @@ impl RuntimeConfig {
             netns: None,
             device: None,
             busy_poll: false,
+            caller_rounds: None,
             pcap: None,
             pcap_max_frames: None,
             pcap_ng: false,
@@ -202,6 +211,12 @@ impl RuntimeConfig {
             ..RuntimeConfig::xdp("lo")
         }
     }
+}
+
+/// True when this process may run on one CPU only (its affinity mask or its cgroup's
+/// quota: what [`std::thread::available_parallelism`] reads).
+pub fn one_cpu() -> bool {
+    std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
 }
 
 /// Why the runtime could not start or answer.
@@ -313,6 +328,10 @@ struct Shared {
     info: DeviceInfo,
     netns: Option<String>,
     busy_poll: bool,
+    /// Callers run the data path as they poll and post (`RuntimeConfig::caller_rounds`).
+    rtc: bool,
+    /// The process could run on one CPU only when the device was opened ([`one_cpu`]).
+    lone: bool,
 }
 
 impl Shared {
@@ -331,7 +350,7 @@ impl Shared {
         if !rung.swap(true, Ordering::SeqCst) && !self.set.bell(k, id) {
             return false;
         }
-        if first && self.busy_poll && self.set.run_here().is_some() {
+        if first && self.rtc && self.set.run_here().is_some() {
             return true;
         }
         self.set.links[k].wake.ring();
@@ -538,8 +557,10 @@ pub struct Cq {
     pub id: u32,
     sh: Arc<CqShared>,
     /// The device's engine threads, when a poller of an empty CQ runs the data path
-    /// itself (busy-polling, one engine thread): see [`worker::ShardSet::run_here`].
+    /// itself (`RuntimeConfig::caller_rounds`): see [`worker::ShardSet::run_here`].
     rtc: Option<Arc<worker::ShardSet>>,
+    /// `busy_poll`: [`Cq::wait`] then spins on the data path instead of sleeping.
+    spin: bool,
 }
 
 impl Cq {
@@ -598,12 +619,15 @@ impl Cq {
     }
 
     /// Waits until a completion is there (or `timeout` passes); true if one is. A
-    /// poller that runs the data path itself spins on it instead of sleeping.
+    /// busy-polling caller that runs the data path itself spins on it instead of
+    /// sleeping; one that does not busy-poll runs a round, then sleeps.
     pub fn wait(&self, timeout: Duration) -> bool {
+        self.drive();
         if !self.sh.is_empty() {
             return true;
         }
         if let Some(set) = &self.rtc
+            && self.spin
             && set.runs_here()
         {
             let start = std::time::Instant::now();
@@ -949,6 +973,10 @@ impl Device {
                 "several engine threads need the AF_XDP link (one socket per queue)".into(),
             ));
         }
+        // Resolved here, once: the engine thread and the callers act on the same answer.
+        let lone = one_cpu();
+        let rtc = threads == 1 && cfg.caller_rounds.unwrap_or(cfg.busy_poll || lone);
+        cfg.caller_rounds = Some(rtc);
         let set = Arc::new(worker::ShardSet::new(threads).map_err(RuntimeError::Setup)?);
         let (tx, ev_rx) = crossbeam::channel::unbounded();
         let (cm_tx, cm_rx) = crossbeam::channel::unbounded();
@@ -986,11 +1014,31 @@ impl Device {
             info,
             netns,
             busy_poll,
+            rtc,
+            lone,
         });
         Ok(Device {
             sh,
             thread: Arc::new(Mutex::new(Some(handle))),
         })
+    }
+
+    /// True when callers run the data path as they poll and post
+    /// ([`RuntimeConfig::caller_rounds`], resolved at open).
+    pub fn caller_rounds(&self) -> bool {
+        self.sh.rtc
+    }
+
+    /// True when callers run the data path and the process has one CPU: the engine
+    /// thread then sleeps whenever it is idle, so a poller gains nothing by yielding.
+    pub fn callers_alone(&self) -> bool {
+        self.sh.rtc && self.sh.lone
+    }
+
+    /// How many rounds of the data path callers ran that did work: a poller that
+    /// finds its CQ empty but this moved did the engine's work, and was not idle.
+    pub fn caller_work(&self) -> u64 {
+        self.sh.set.rtc_work.load(Ordering::Relaxed)
     }
 
     /// True when the engine threads spin instead of sleeping when idle (`busy_poll`;
@@ -1173,8 +1221,13 @@ impl Device {
             l.cqs.insert(id, s2.clone());
             Ok(id)
         })?;
-        let rtc = (self.sh.busy_poll && self.threads() == 1).then(|| self.sh.set.clone());
-        Ok(Cq { id, sh, rtc })
+        let rtc = self.sh.rtc.then(|| self.sh.set.clone());
+        Ok(Cq {
+            id,
+            sh,
+            rtc,
+            spin: self.sh.busy_poll,
+        })
     }
 
     /// `ibv_destroy_cq`: refused while QPs use it. Completion events it still had queued

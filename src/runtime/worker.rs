@@ -4,10 +4,11 @@
 //! batch of frames to send, completions handed to the CQs' queues, QP state and queue
 //! occupancy mirrored for the callers' checks. When a few hundred rounds in a row find
 //! nothing to do, the thread sleeps in poll(2) on the link's descriptors and an eventfd
-//! until a frame, a doorbell or the next timer (`busy_poll`: it spins instead, unless
-//! callers run the data path; then it sleeps after one idle round). The data path of a
-//! round ([`DataPath`]) sits behind a lock, so that with `busy_poll` and one engine
-//! thread an application thread polling its CQ can run it too ([`ShardSet::run_here`]).
+//! until a frame, a doorbell or the next timer (`busy_poll`: it spins instead), unless
+//! callers run the data path; then it sleeps after one idle round. The data path of a
+//! round ([`DataPath`]) sits behind a lock, so that with one engine thread and
+//! `busy_poll` or one CPU (`RuntimeConfig::caller_rounds`) an application thread
+//! polling its CQ can run it too ([`ShardSet::run_here`]).
 //! Busy-polling RC SEND round trips here took 27-39 us with a hop to each engine thread
 //! and 15-25 us with the callers running the rounds (`bench latency`, old and new
 //! binaries interleaved; a raw AF_XDP echo took 4-8 us).
@@ -85,7 +86,7 @@ pub struct Stats {
     /// Frames the runtime's fault layer held back (reordered), when configured.
     pub fault_reordered: u64,
     /// Rounds of the data path that application threads ran as they polled, and did
-    /// work in (run-to-completion: busy-polling, one engine thread).
+    /// work in (run-to-completion: `RuntimeConfig::caller_rounds`).
     pub app_rounds: u64,
 }
 
@@ -412,10 +413,13 @@ pub(crate) struct ShardSet {
     /// device so that it can mark sections of a run.
     pub tap: Tap,
     /// The data path application threads may run as they poll (one engine thread,
-    /// `busy_poll`), set once its engine thread started.
+    /// `RuntimeConfig::caller_rounds`), set once its engine thread started.
     pub rtc: std::sync::OnceLock<SharedPath>,
     /// When an application thread last ran it ([`crate::time::monotonic_ns`]).
     pub rtc_last: AtomicU64,
+    /// Rounds application threads ran that did work (read without the lock: a poller
+    /// that did the engine's work has not been idle).
+    pub rtc_work: AtomicU64,
     /// Raised by a caller whose round left work the sleeping engine thread would not
     /// see: frames still to send, or a timer due before its sleep ends (`sleep_until`).
     pub kick: AtomicBool,
@@ -470,14 +474,15 @@ impl ShardSet {
             tap: Arc::new(Mutex::new(None)),
             rtc: std::sync::OnceLock::new(),
             rtc_last: AtomicU64::new(0),
+            rtc_work: AtomicU64::new(0),
             kick: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
         })
     }
 
     /// Runs one round of the data path in the caller's thread, unless its engine
-    /// thread (or another caller) is running one: what a busy-polling application
-    /// thread does when its CQ is empty, so that the frame it waits for is taken off
+    /// thread (or another caller) is running one: what a polling application thread
+    /// does when its CQ is empty, so that the frame it waits for is taken off
     /// the ring, processed and completed without a hop to the engine thread. The work
     /// done, or `None` when no round ran here (the lock was taken, the engine stopped,
     /// or the device does not share its data path). A round left half done by a panic
@@ -489,7 +494,10 @@ impl ShardSet {
         self.rtc_last
             .store(crate::time::monotonic_ns(), Ordering::Relaxed);
         let work = d.round(self);
-        d.app_rounds += u64::from(work > 0);
+        if work > 0 {
+            d.app_rounds += 1;
+            self.rtc_work.fetch_add(1, Ordering::Relaxed);
+        }
         // What this round leaves undone is the engine thread's once the caller stops
         // polling: frames that did not fit one send (a large WR, copy mode's budget
         // per kick), or a timer it armed that falls before the engine thread wakes.
@@ -637,7 +645,8 @@ pub(crate) type Tap = Arc<Mutex<Option<Writer<BufWriter<std::fs::File>>>>>;
 
 /// What a shard's frames go through: the engine and its link, and what a round of
 /// the data path needs beside them. An engine thread runs it; with one engine thread
-/// and `busy_poll`, an application thread polling a CQ runs it too, in between
+/// (and `RuntimeConfig::caller_rounds`), an application thread polling a CQ runs it
+/// too, in between
 /// (run-to-completion, as poll-mode drivers do: [`ShardSet::run_here`]). The lock that
 /// holds it makes the two take turns.
 pub(crate) struct DataPath {
@@ -820,13 +829,10 @@ impl DataPath {
 /// A shard's data path, taken out (`None`) when its engine thread stops.
 pub(crate) type SharedPath = Arc<Mutex<Option<DataPath>>>;
 
-/// How long after an application thread last ran the data path a busy-polling engine
-/// thread stays out of its way, sleeping when idle instead of spinning: two spinners
-/// on one data path would take turns at its lock and at the cores.
+/// How long after an application thread last ran the data path the engine thread stays
+/// out of its way, sleeping when idle instead of spinning: two spinners on one data
+/// path would take turns at its lock and at the cores.
 const RTC_HOLD_NS: u64 = 2_000_000;
-/// The longest the engine thread sleeps meanwhile: a timer a caller arms for later than
-/// that is seen when it wakes; one for earlier wakes it (see `run_here`).
-const DRIVEN_SLEEP: Duration = Duration::from_millis(1);
 
 /// Takes a shard's data path out of the callers' reach when its engine thread ends,
 /// also by unwinding (see `shard_loop`).
@@ -887,9 +893,20 @@ fn shard_loop(
         events: events.clone(),
         app_rounds: 0,
     })));
-    if n == 1 && cfg.busy_poll {
+    // Resolved by `Device::open` (one engine thread only).
+    let rtc = n == 1 && cfg.caller_rounds == Some(true);
+    if rtc {
         let _ = set.rtc.set(path.clone());
     }
+    // On one CPU, with callers running the data path, an idle engine thread sleeps at
+    // once: spinning, it could only take turns with the caller that polls (each a
+    // context switch: 14-18 per ib_write_lat iteration in a 1-vCPU VM), while the caller
+    // already runs the rounds and a frame or a doorbell wakes this thread anyway.
+    let spin_rounds = if rtc && !cfg.busy_poll && super::one_cpu() {
+        0
+    } else {
+        SPIN_ROUNDS
+    };
     let mut idle = 0u32;
     let mut no_spin_until = Instant::now();
     let mut last_pub = Instant::now();
@@ -976,9 +993,9 @@ fn shard_loop(
         // An application thread runs the data path as it polls: sleep as an idle thread
         // does instead of spinning beside it (a frame, a doorbell or a call still wakes
         // this thread at once, for a program that stops polling to wait otherwise).
-        let driven = cfg.busy_poll && set.app_polled_within(RTC_HOLD_NS);
+        let driven = rtc && set.app_polled_within(RTC_HOLD_NS);
         idle = idle.saturating_add(1);
-        if !driven && (cfg.busy_poll || (idle < SPIN_ROUNDS && Instant::now() >= no_spin_until)) {
+        if !driven && (cfg.busy_poll || (idle < spin_rounds && Instant::now() >= no_spin_until)) {
             // Keep polling, but give the core away between rounds: the application
             // thread that posts the next WR or polls the CQ often shares this core,
             // and a bare spin would keep it waiting for the end of our time slice.
@@ -993,13 +1010,13 @@ fn shard_loop(
             }
             continue;
         }
-        // Sleep until a frame, a doorbell or the next timer. Driven, at most
-        // DRIVEN_SLEEP: the timers the callers' rounds arm later than that need no
-        // wake-up (see `run_here`).
-        let cap = if driven { DRIVEN_SLEEP } else { MAX_SLEEP };
+        // Sleep until a frame, a doorbell or the next timer. Driven, as long: a caller
+        // whose round arms a timer due before this sleep ends wakes it (`run_here`).
+        // Sleeps of 1 ms at most cost a 1-vCPU VM's ib_write_lat about one wake-up
+        // per iteration (5.3-5.9 context switches per iteration against 6.0-7.2).
         let timeout = match due.into_iter().flatten().min() {
-            Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(cap),
-            None => cap,
+            Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),
+            None => MAX_SLEEP,
         };
         // poll(2) sleeps whole milliseconds, at least one.
         let slept = timeout.max(Duration::from_millis(1));

@@ -40,7 +40,20 @@ pub fn lib() -> PathBuf {
 
 /// `roce-xdp run [extra] -- args...` inside `ns`.
 pub fn run_in(ns: &Netns, extra: &[&str], args: &[&str]) -> Command {
-    let mut c = ns.command(bin());
+    run_on(ns, None, extra, args)
+}
+
+/// As [`run_in`], on CPU `cpu` only (`taskset -c`) when given: the program then sees
+/// one CPU.
+pub fn run_on(ns: &Netns, cpu: Option<usize>, extra: &[&str], args: &[&str]) -> Command {
+    let mut c = match cpu {
+        Some(k) => {
+            let mut c = ns.command("taskset");
+            c.args(["-c", &k.to_string(), bin()]);
+            c
+        }
+        None => ns.command(bin()),
+    };
     let l = lib();
     c.args(["run", "--lib", l.to_str().unwrap()]);
     c.args(extra);

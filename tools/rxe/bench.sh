@@ -18,7 +18,8 @@
 # Printed: each pairing's medians (min-max) and each ratio to rxe <-> rxe measured in
 # the same round, median (min-max) of the rounds, beside the target of issue 11.
 # IB MTU 1024 only: the guest kernel's virtio-net has no multi-buffer XDP, which MTU
-# 4096 frames need.
+# 4096 frames need. ROCE_RXE_BENCH_RUN adds options to every `roce-xdp run` (to compare
+# modes in the same image: "--caller-rounds off", "--busy-poll").
 
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_PIDS=
@@ -80,8 +81,9 @@ bench_plan() {
                 case "$c" in xdp-xdp) srv=xdp cli=xdp ;; xdp-recv) srv=xdp ;; xdp-send) cli=xdp ;; esac
                 k="ib_$t"
                 local sc cc
-                sc=$([ $srv = xdp ] && echo "roce-xdp run -- $k -d rxdp_eth0 $a" || echo "$k -d rxe0 $a")
-                cc=$([ $cli = xdp ] && echo "roce-xdp run -- $k -d rxdp_eth0 $a 198.18.0.1" || echo "$k -d rxe0 $a 198.18.0.1")
+                local run="roce-xdp run ${ROCE_RXE_BENCH_RUN:-}"
+                sc=$([ $srv = xdp ] && echo "$run -- $k -d rxdp_eth0 $a" || echo "$k -d rxe0 $a")
+                cc=$([ $cli = xdp ] && echo "$run -- $k -d rxdp_eth0 $a 198.18.0.1" || echo "$k -d rxe0 $a 198.18.0.1")
                 echo "$id|$r|$c|$t|$sc|$cc"
             done
         done
