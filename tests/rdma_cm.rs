@@ -40,8 +40,24 @@ fn pid(c: &Child) -> u32 {
 /// outputs, after asserting both succeeded. `client` gets the server's address where
 /// it says `{A}`. The server runs its engine before it listens, so a client refused
 /// with "invalid service ID" (REJ 8) in the first seconds tries again, as a user would.
+/// Each engine writes a capture (`run --pcap`); a failure prints every client attempt's
+/// output and `decode --ladder` of the captures' last frames, and keeps them.
 fn cm_run(pair: &Pair, server: &[&str], client: &[&str], secs: u64) -> (String, String) {
-    let s = Child::spawn(run_in(&pair.a, &[], server));
+    let dir = std::env::temp_dir().join(format!(
+        "roce-cm-{}-{}-{}",
+        pair.a.name,
+        server[0],
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = |name: &str| {
+        dir.join(format!("{name}.pcap"))
+            .to_string_lossy()
+            .into_owned()
+    };
+    let spcap = pcap("server");
+    let s = Child::spawn(run_in(&pair.a, &["--pcap", &spcap], server));
     assert!(
         wait_engine(&pair.a, pid(&s), 20),
         "{server:?} never started its engine"
@@ -52,8 +68,14 @@ fn cm_run(pair: &Pair, server: &[&str], client: &[&str], secs: u64) -> (String, 
         .map(|a| if *a == "{A}" { ip.as_str() } else { a })
         .collect();
     let t0 = Instant::now();
+    let mut attempts = Vec::new();
     let (ok_c, out_c) = loop {
-        let (ok, out) = Child::spawn(run_in(&pair.b, &[], &cargs)).finish(secs);
+        let cpcap = pcap(&format!("client-{}", attempts.len() + 1));
+        let (ok, out) = Child::spawn(run_in(&pair.b, &["--pcap", &cpcap], &cargs)).finish(secs);
+        attempts.push(format!(
+            "--- client attempt {} ({cpcap}):\n{out}",
+            attempts.len() + 1
+        ));
         let early = out.contains("REJECTED, error 8") || out.contains("REJECTED; error: 8");
         if ok || !early || t0.elapsed() > Duration::from_secs(20) {
             break (ok, out);
@@ -61,10 +83,34 @@ fn cm_run(pair: &Pair, server: &[&str], client: &[&str], secs: u64) -> (String, 
         std::thread::sleep(Duration::from_millis(300));
     };
     let (ok_s, out_s) = s.finish(10);
-    assert!(
-        ok_c && ok_s,
-        "{server:?} / {client:?} failed\n--- server:\n{out_s}\n--- client:\n{out_c}"
-    );
+    if !(ok_c && ok_s) {
+        let mut ladders = String::new();
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        for f in files {
+            let o = Command::new(bin())
+                .args(["decode", "--ladder", f.to_str().unwrap()])
+                .output();
+            let text = o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            let text = text.unwrap_or_else(|e| format!("decode: {e}"));
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+            ladders.push_str(&format!(
+                "--- {} (last 60 lines of the ladder):\n{tail}\n",
+                f.display()
+            ));
+        }
+        panic!(
+            "{server:?} / {client:?} failed (captures kept in {})\n--- server:\n{out_s}\n{}\n{ladders}",
+            dir.display(),
+            attempts.join("\n")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     (out_s, out_c)
 }
 
