@@ -944,17 +944,34 @@ fn shard_loop(
         let published =
             (last_pub.elapsed() > Duration::from_millis(50)).then(|| d.stats(&link_desc, false));
         // What an idle round decides on.
-        let (must_send, due, now) = if work == 0 {
+        let (must_send, timeout) = if work == 0 {
+            let due = [
+                d.l.engine.poll_timeout(),
+                d.faults.as_ref().and_then(|f| f.next_due()),
+            ];
+            let now = d.rec.now();
+            // Sleep until a frame, a doorbell or the next timer; driven, as long: a
+            // caller whose round arms a timer due before this sleep ends wakes it
+            // (`run_here`). Sleeps of 1 ms at most cost a 1-vCPU VM's ib_write_lat
+            // about one wake-up per iteration (5.3-5.9 context switches per iteration
+            // against 6.0-7.2). The end is published before the lock is released, so
+            // that no caller's round falls between the timers read here and the sleep.
+            let timeout = match due.into_iter().flatten().min() {
+                Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            };
+            // poll(2) sleeps whole milliseconds, at least one.
+            let slept = timeout.max(Duration::from_millis(1));
+            set.sleep_until.store(
+                now.0.saturating_add(slept.as_nanos() as u64),
+                Ordering::SeqCst,
+            );
             (
                 d.l.engine.wants_transmit() || d.link.get().tx_pending(),
-                [
-                    d.l.engine.poll_timeout(),
-                    d.faults.as_ref().and_then(|f| f.next_due()),
-                ],
-                d.rec.now(),
+                timeout,
             )
         } else {
-            (false, [None, None], Time(0))
+            (false, MAX_SLEEP)
         };
         drop(g);
         if let Some(s) = published {
@@ -987,6 +1004,7 @@ fn shard_loop(
             // the next flush kicks again): no descriptor wakes us for either, so come
             // back right after giving the core away. Sleeping here left a frame in the
             // ring until the retransmit timer (xdp_link's 64 MiB test at MTU 4200).
+            set.sleep_until.store(u64::MAX, Ordering::SeqCst);
             std::thread::yield_now();
             continue;
         }
@@ -999,6 +1017,7 @@ fn shard_loop(
             // Keep polling, but give the core away between rounds: the application
             // thread that posts the next WR or polls the CQ often shares this core,
             // and a bare spin would keep it waiting for the end of our time slice.
+            set.sleep_until.store(u64::MAX, Ordering::SeqCst);
             let t0 = Instant::now();
             std::thread::yield_now();
             if !cfg.busy_poll && t0.elapsed() > SLOW_YIELD {
@@ -1010,20 +1029,6 @@ fn shard_loop(
             }
             continue;
         }
-        // Sleep until a frame, a doorbell or the next timer. Driven, as long: a caller
-        // whose round arms a timer due before this sleep ends wakes it (`run_here`).
-        // Sleeps of 1 ms at most cost a 1-vCPU VM's ib_write_lat about one wake-up
-        // per iteration (5.3-5.9 context switches per iteration against 6.0-7.2).
-        let timeout = match due.into_iter().flatten().min() {
-            Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),
-            None => MAX_SLEEP,
-        };
-        // poll(2) sleeps whole milliseconds, at least one.
-        let slept = timeout.max(Duration::from_millis(1));
-        set.sleep_until.store(
-            now.0.saturating_add(slept.as_nanos() as u64),
-            Ordering::SeqCst,
-        );
         sleep(&fds, timeout, &set, me);
         set.sleep_until.store(u64::MAX, Ordering::SeqCst);
     }
