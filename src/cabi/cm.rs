@@ -20,9 +20,9 @@
 //! - synchronous IDs (no channel, `rdma_create_ep`): each call waits for its event.
 //!
 //! The engine's CM events arrive on the thread running the data path (the engine
-//! thread, or a busy-polling caller); one thread of this library (started with the
-//! first device) turns them into rdma_cm events, since that needs calls into the
-//! runtime that thread cannot wait for.
+//! thread, or a caller running a round as it polls); one thread of this library
+//! (started with the first device) turns them into rdma_cm events, since that needs
+//! calls into the runtime that thread cannot wait for.
 
 use super::device::{Hub, context, device_for};
 use super::sys::*;
@@ -1778,7 +1778,7 @@ pub(crate) fn on_engine_event(dev: &str, e: CmEvent) {
 
 /// Starts the dispatcher thread, from the thread opening a device: started by the first
 /// CM event instead, it would inherit the affinity, scheduling policy and signal mask
-/// of whichever thread delivered it, a busy-polling caller among them.
+/// of whichever thread delivered it, a program's polling thread among them.
 pub(crate) fn start_dispatcher() {
     let _ = dispatcher();
 }

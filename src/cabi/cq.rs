@@ -325,17 +325,31 @@ pub(crate) unsafe extern "C" fn poll_cq(c: *mut ibv_cq, n: c_int, wc: *mut ibv_w
 /// Where the poll itself runs the data path (`RuntimeConfig::caller_rounds`), a poll
 /// whose round did work (sent frames, took ACKs) is not idle: the program's loop is then
 /// the engine, and polls again at once. On one CPU ([`crate::runtime::Device::callers_alone`])
-/// the loop neither yields nor sleeps: the engine thread sleeps whenever it is idle there
-/// (yielding finds no one to hand the core to), the loop's own rounds take the frames it
-/// waits for, and naps only added wake-ups (a 1-vCPU VM's ib_write_lat: 14-18 context
-/// switches per iteration with naps and yields, 6-7 without, median 2.1-3.1 ms against
-/// 0.9-1.1 ms, `tools/rxe-interop --bench --quick`).
+/// the loop neither yields nor sleeps for the first [`ALONE_SPIN`] of a wait: the engine
+/// thread sleeps whenever it is idle there (yielding finds no one to hand the core to),
+/// the loop's own rounds take the frames it waits for, and naps only added wake-ups (a
+/// 1-vCPU VM's ib_write_lat: 14-18 context switches per iteration with naps and yields,
+/// 6-7 without, median 2.1-3.1 ms against 0.9-1.1 ms, `tools/rxe-interop --bench
+/// --quick`). A longer wait (a program waiting for a peer that is not sending) naps
+/// as above, so that an idle program does not hold its one CPU (or its cgroup's quota).
 fn idle_poll(rt: &crate::runtime::Device) {
     let mut s = IDLE.get();
     let worked = rt.caller_work();
-    if worked != s.worked {
+    let key = rt.key();
+    if key != s.dev {
+        // Counters of another device than the last poll's: nothing to compare with.
+        s.dev = key;
+        s.worked = worked;
+        s.seen = rt.completion_beats();
+        s.empty = 0;
+    } else if worked != s.worked {
         s.worked = worked;
         s.empty = 0;
+        // Still a wait for a completion, which the typical wait counts.
+        s.last = crate::time::monotonic_ns();
+        if s.since == 0 {
+            s.since = s.last;
+        }
         IDLE.set(s);
         return;
     }
@@ -349,9 +363,10 @@ fn idle_poll(rt: &crate::runtime::Device) {
         s.empty = 0;
     }
     s.empty = s.empty.saturating_add(1);
-    if rt.callers_alone() {
+    let waited = now.saturating_sub(s.since);
+    if rt.callers_alone() && waited < ALONE_SPIN {
         // Spun out: see above.
-    } else if s.typical < SHORT && now.saturating_sub(s.since) < YIELD_FOR {
+    } else if !rt.callers_alone() && s.typical < SHORT && waited < YIELD_FOR {
         std::thread::yield_now();
     } else if s.empty > SPINS {
         rt.wait_completions(s.seen, NAP);
@@ -390,13 +405,15 @@ struct Idle {
     empty: u32,
     /// The device's `caller_work` at the last empty poll.
     worked: u64,
+    /// Which device that poll was on ([`crate::runtime::Device::key`]).
+    dev: usize,
     /// How long waits lasted lately (ns; a moving average over about eight).
     typical: u64,
 }
 
 thread_local! {
     static IDLE: std::cell::Cell<Idle> = const {
-        std::cell::Cell::new(Idle { since: 0, last: 0, seen: 0, empty: 0, worked: 0, typical: 0 })
+        std::cell::Cell::new(Idle { since: 0, last: 0, seen: 0, empty: 0, worked: 0, dev: 0, typical: 0 })
     };
 }
 
@@ -406,6 +423,9 @@ const SHORT: u64 = 100_000;
 const YIELD_FOR: u64 = 200_000;
 /// Empty polls (each a few nanoseconds) with nothing handed out before a sleep.
 const SPINS: u32 = 4;
+/// How long a wait is spun out on one CPU before it naps (a 1-vCPU VM's ib_write_lat
+/// waits 0.4-0.7 ms per iteration).
+const ALONE_SPIN: u64 = 5_000_000;
 /// The longest sleep (a completion on the device ends it at once).
 const NAP: std::time::Duration = std::time::Duration::from_micros(100);
 

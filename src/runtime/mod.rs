@@ -120,9 +120,9 @@ pub struct RuntimeConfig {
     /// the AF_XDP interface; the UDP link has none unless given one.
     pub port_ifname: Option<String>,
     /// Where asynchronous events go instead of [`Device::next_event`] (called by the
-    /// thread running the data path, the engine thread or a busy-polling caller inside
-    /// `Cq::poll`, `Cq::wait` or a post: it must not block, nor take a lock such a
-    /// caller may hold).
+    /// thread running the data path, the engine thread or a caller running a round
+    /// inside `Cq::poll`, `Cq::wait` or a post (`caller_rounds`): it must not block, nor
+    /// take a lock such a caller may hold).
     pub event_hook: Option<EventHook>,
     /// Where the Communication Manager's events go instead of
     /// [`Device::next_cm_event`] (called as [`RuntimeConfig::event_hook`] is).
@@ -213,10 +213,21 @@ impl RuntimeConfig {
     }
 }
 
-/// True when this process may run on one CPU only (its affinity mask or its cgroup's
-/// quota: what [`std::thread::available_parallelism`] reads).
+/// True when this thread may run on one CPU only: its affinity mask (`taskset`, a
+/// cpuset, a 1-vCPU VM) holds one CPU. A cgroup's CPU quota does not count: under
+/// `--cpus=1.5` the caller and the engine thread still run on separate cores at once,
+/// which is what run-to-completion on one CPU assumes they never do.
 pub fn one_cpu() -> bool {
-    std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
+    // SAFETY: `set` is a plain bit mask the kernel fills for this thread (pid 0); its
+    // size is passed with it.
+    let n = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return false;
+        }
+        libc::CPU_COUNT(&set)
+    };
+    n == 1
 }
 
 /// Why the runtime could not start or answer.
@@ -330,15 +341,13 @@ struct Shared {
     busy_poll: bool,
     /// Callers run the data path as they poll and post (`RuntimeConfig::caller_rounds`).
     rtc: bool,
-    /// The process could run on one CPU only when the device was opened ([`one_cpu`]).
-    lone: bool,
 }
 
 impl Shared {
     /// Rings QP (or SRQ) `id`'s doorbell on engine thread `k` unless it is rung already.
     ///
-    /// `first`: the WR is the only one outstanding on its send queue. A busy-polling
-    /// caller (one engine thread) then runs the round that takes it in itself, as it
+    /// `first`: the WR is the only one outstanding on its send queue. A caller that runs
+    /// the data path (`caller_rounds`) then runs the round that takes it in itself, as it
     /// runs the rounds its polls wait for: its engine thread may sleep while the caller
     /// polls another device's CQ, and the wake-up would delay the WR (`roce-xdp demo
     /// --busy-poll` drives two devices from one thread: 81.9 us round trips, against
@@ -565,13 +574,18 @@ pub struct Cq {
 
 impl Cq {
     /// Run-to-completion: an empty CQ's poller runs a round of the data path (when the
-    /// device lets it), so the completion it polls for may be there when it looks.
+    /// device lets it), so the completion it polls for may be there when it looks. On
+    /// one CPU, a round it cannot run is one another thread (the engine's, preempted
+    /// in it) holds: the poller gives it the core to finish, rather than spin out its
+    /// time slice.
     #[inline]
     fn drive(&self) {
         if let Some(set) = &self.rtc
             && self.sh.is_empty()
+            && set.run_here().is_none()
+            && set.lone
         {
-            set.run_here();
+            std::thread::yield_now();
         }
     }
 
@@ -812,8 +826,8 @@ impl Qp {
         )
     }
 
-    /// `ibv_post_send`: checked here, executed by the engine thread (or, busy-polling,
-    /// by this caller when it is the only WR outstanding: `Shared::ring`). Allocates
+    /// `ibv_post_send`: checked here, executed by the engine thread (or, with caller
+    /// rounds, by this caller when it is the only WR outstanding: `Shared::ring`). Allocates
     /// nothing; makes a system call only to wake a sleeping engine thread or to send.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
         self.check_send(wr)?;
@@ -977,7 +991,7 @@ impl Device {
         let lone = one_cpu();
         let rtc = threads == 1 && cfg.caller_rounds.unwrap_or(cfg.busy_poll || lone);
         cfg.caller_rounds = Some(rtc);
-        let set = Arc::new(worker::ShardSet::new(threads).map_err(RuntimeError::Setup)?);
+        let set = Arc::new(worker::ShardSet::new(threads, lone).map_err(RuntimeError::Setup)?);
         let (tx, ev_rx) = crossbeam::channel::unbounded();
         let (cm_tx, cm_rx) = crossbeam::channel::unbounded();
         let ev_tx = EventSink {
@@ -1015,7 +1029,6 @@ impl Device {
             netns,
             busy_poll,
             rtc,
-            lone,
         });
         Ok(Device {
             sh,
@@ -1032,13 +1045,18 @@ impl Device {
     /// True when callers run the data path and the process has one CPU: the engine
     /// thread then sleeps whenever it is idle, so a poller gains nothing by yielding.
     pub fn callers_alone(&self) -> bool {
-        self.sh.rtc && self.sh.lone
+        self.sh.rtc && self.sh.set.lone
     }
 
     /// How many rounds of the data path callers ran that did work: a poller that
     /// finds its CQ empty but this moved did the engine's work, and was not idle.
     pub fn caller_work(&self) -> u64 {
         self.sh.set.rtc_work.load(Ordering::Relaxed)
+    }
+
+    /// Identifies this device among those open in the process (equal for its clones).
+    pub fn key(&self) -> usize {
+        Arc::as_ptr(&self.sh) as usize
     }
 
     /// True when the engine threads spin instead of sleeping when idle (`busy_poll`;

@@ -418,8 +418,11 @@ pub(crate) struct ShardSet {
     /// When an application thread last ran it ([`crate::time::monotonic_ns`]).
     pub rtc_last: AtomicU64,
     /// Rounds application threads ran that did work (read without the lock: a poller
-    /// that did the engine's work has not been idle).
+    /// that did the engine's work has not been idle; also [`Stats::app_rounds`]).
     pub rtc_work: AtomicU64,
+    /// The process could run on one CPU only when the device was opened
+    /// ([`super::one_cpu`]): decided once, for the callers and the engine thread.
+    pub lone: bool,
     /// Raised by a caller whose round left work the sleeping engine thread would not
     /// see: frames still to send, or a timer due before its sleep ends (`sleep_until`).
     pub kick: AtomicBool,
@@ -439,7 +442,7 @@ pub(crate) struct ShardLink {
 }
 
 impl ShardSet {
-    pub(crate) fn new(n: usize) -> Result<ShardSet, String> {
+    pub(crate) fn new(n: usize, lone: bool) -> Result<ShardSet, String> {
         let mut links = Vec::new();
         let mut fwd = Vec::new();
         let mut stats = Vec::new();
@@ -475,6 +478,7 @@ impl ShardSet {
             rtc: std::sync::OnceLock::new(),
             rtc_last: AtomicU64::new(0),
             rtc_work: AtomicU64::new(0),
+            lone,
             kick: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
         })
@@ -495,16 +499,18 @@ impl ShardSet {
             .store(crate::time::monotonic_ns(), Ordering::Relaxed);
         let work = d.round(self);
         if work > 0 {
-            d.app_rounds += 1;
             self.rtc_work.fetch_add(1, Ordering::Relaxed);
         }
         // What this round leaves undone is the engine thread's once the caller stops
         // polling: frames that did not fit one send (a large WR, copy mode's budget
-        // per kick), or a timer it armed that falls before the engine thread wakes.
+        // per kick), or a timer it armed (or a frame the fault layer holds) that falls
+        // due before the engine thread wakes.
         let until = self.sleep_until.load(Ordering::SeqCst);
+        let before = |t: Option<Time>| t.is_some_and(|t| t.0 < until);
         if d.l.engine.wants_transmit()
             || d.link.get().tx_pending()
-            || d.l.engine.poll_timeout().is_some_and(|t| t.0 < until)
+            || before(d.l.engine.poll_timeout())
+            || before(d.faults.as_ref().and_then(|f| f.next_due()))
         {
             self.kick.store(true, Ordering::SeqCst);
             self.links[d.l.me].wake.ring();
@@ -659,8 +665,6 @@ pub(crate) struct DataPath {
     fwd_dropped: u64,
     overflowed_cqs: Vec<u32>,
     events: EventSink,
-    /// Rounds an application thread ran that did work ([`Stats::app_rounds`]).
-    app_rounds: u64,
 }
 
 /// The capture every frame sent or received is written to, if any.
@@ -821,7 +825,8 @@ impl DataPath {
             tx_waits: self.link.tx_waits(),
             rx_no_room: self.link.rx_no_room(),
             fault_reordered: self.faults.as_ref().map_or(0, |f| f.reordered),
-            app_rounds: self.app_rounds,
+            // Caller rounds need one engine thread: the device's count is this shard's.
+            app_rounds: self.l.set.rtc_work.load(Ordering::Relaxed),
         }
     }
 }
@@ -891,7 +896,6 @@ fn shard_loop(
         fwd_dropped: 0,
         overflowed_cqs: Vec::new(),
         events: events.clone(),
-        app_rounds: 0,
     })));
     // Resolved by `Device::open` (one engine thread only).
     let rtc = n == 1 && cfg.caller_rounds == Some(true);
@@ -902,7 +906,7 @@ fn shard_loop(
     // once: spinning, it could only take turns with the caller that polls (each a
     // context switch: 14-18 per ib_write_lat iteration in a 1-vCPU VM), while the caller
     // already runs the rounds and a frame or a doorbell wakes this thread anyway.
-    let spin_rounds = if rtc && !cfg.busy_poll && super::one_cpu() {
+    let spin_rounds = if rtc && !cfg.busy_poll && set.lone {
         0
     } else {
         SPIN_ROUNDS
@@ -952,9 +956,9 @@ fn shard_loop(
             let now = d.rec.now();
             // Sleep until a frame, a doorbell or the next timer; driven, as long: a
             // caller whose round arms a timer due before this sleep ends wakes it
-            // (`run_here`). Sleeps of 1 ms at most cost a 1-vCPU VM's ib_write_lat
-            // about one wake-up per iteration (5.3-5.9 context switches per iteration
-            // against 6.0-7.2). The end is published before the lock is released, so
+            // (`run_here`); driven sleeps were once cut to 1 ms, which cost a 1-vCPU VM's
+            // ib_write_lat about one wake-up per iteration (6.0-7.2 context switches per
+            // iteration against 5.3-5.9). The end is published before the lock is released, so
             // that no caller's round falls between the timers read here and the sleep.
             let timeout = match due.into_iter().flatten().min() {
                 Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),

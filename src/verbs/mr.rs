@@ -9,7 +9,7 @@
 //! ABI registers a program's own buffers where they lie (malloc'd, mmap'd, on the stack)
 //! instead of copying them. The engine then must not touch them once `ibv_dereg_mr` has
 //! returned: deregistration runs on the engine thread, under the lock every access holds
-//! (the engine thread's rounds, or a busy-polling caller's), and each
+//! (the engine thread's rounds, or those a caller runs as it polls), and each
 //! access checks that its region is still valid, so work in flight finds it gone. A
 //! borrowed region with a memory window bound is refused (busy), as by `ibv_dereg_mr`.
 //!

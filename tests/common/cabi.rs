@@ -43,6 +43,24 @@ pub fn run_in(ns: &Netns, extra: &[&str], args: &[&str]) -> Command {
     run_on(ns, None, extra, args)
 }
 
+/// The CPUs this process may run on (`Cpus_allowed_list` of /proc/self/status), in
+/// order: tests pin programs to these, which need not start at 0.
+pub fn allowed_cpus() -> Vec<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap_or("");
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+            cpus.extend(a..=b);
+        }
+    }
+    cpus
+}
+
 /// As [`run_in`], on CPU `cpu` only (`taskset -c`) when given: the program then sees
 /// one CPU.
 pub fn run_on(ns: &Netns, cpu: Option<usize>, extra: &[&str], args: &[&str]) -> Command {
