@@ -321,21 +321,28 @@ pub struct Writer<W: std::io::Write> {
 }
 
 enum Inner<W: std::io::Write> {
-    Pcap(pcap_file::pcap::PcapWriter<W>),
+    /// The classic format: the file header is pcap-file's, each record's 16-byte header
+    /// is written here, since pcap-file's `PcapWriter` gives no way to flush the writer
+    /// it owns (the engine's tap flushes as it runs, so that a program killed mid-run
+    /// leaves a capture with its last frames).
+    Pcap(W),
     Ng(pcap_file::pcapng::PcapNgWriter<W>),
 }
+
+/// The largest frame a pcap record keeps (the file header's snaplen).
+const SNAPLEN: u32 = 65535;
 
 impl<W: std::io::Write> Writer<W> {
     pub fn new(w: W) -> Result<Writer<W>, PcapError> {
         let header = pcap_file::pcap::PcapHeader {
             ts_resolution: pcap_file::TsResolution::NanoSecond,
             endianness: pcap_file::Endianness::Little,
-            snaplen: 65535,
+            snaplen: SNAPLEN,
             ..Default::default()
         };
-        Ok(Self::with(Inner::Pcap(
-            pcap_file::pcap::PcapWriter::with_header(w, header)?,
-        )))
+        let mut w = w;
+        header.write_to(&mut w)?;
+        Ok(Self::with(Inner::Pcap(w)))
     }
 
     /// A pcapng writer: one Ethernet interface with nanosecond timestamps.
@@ -404,8 +411,17 @@ impl<W: std::io::Write> Writer<W> {
         self.frames += 1;
         match &mut self.inner {
             Inner::Pcap(w) => {
-                let p = pcap_file::pcap::PcapPacket::new(time, frame.len() as u32, frame);
-                w.write_packet(&p).map(|_| ())
+                // ts_sec, ts_nsec, incl_len, orig_len (little-endian, as the header says).
+                let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
+                let incl = len.min(SNAPLEN);
+                let mut rec = [0u8; 16];
+                rec[0..4].copy_from_slice(&(time.as_secs() as u32).to_le_bytes());
+                rec[4..8].copy_from_slice(&time.subsec_nanos().to_le_bytes());
+                rec[8..12].copy_from_slice(&incl.to_le_bytes());
+                rec[12..16].copy_from_slice(&len.to_le_bytes());
+                w.write_all(&rec)
+                    .and_then(|_| w.write_all(&frame[..incl as usize]))
+                    .map_err(PcapError::IoError)
             }
             Inner::Ng(w) => {
                 use pcap_file::pcapng::blocks::enhanced_packet::{
@@ -437,9 +453,17 @@ impl<W: std::io::Write> Writer<W> {
         self.skipped
     }
 
+    /// Pushes what is buffered on to the file.
+    pub fn flush(&mut self) -> std::io::Result<()> {
+        match &mut self.inner {
+            Inner::Pcap(w) => w.flush(),
+            Inner::Ng(w) => w.get_mut().flush(),
+        }
+    }
+
     pub fn into_inner(self) -> W {
         match self.inner {
-            Inner::Pcap(w) => w.into_writer(),
+            Inner::Pcap(w) => w,
             Inner::Ng(w) => w.into_inner(),
         }
     }

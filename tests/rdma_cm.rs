@@ -51,6 +51,8 @@ fn cm_run(pair: &Pair, server: &[&str], client: &[&str], secs: u64) -> (String, 
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    // Removed however this returns, unless a failure below keeps it.
+    let mut scratch = Scratch(Some(dir.clone()));
     let pcap = |name: &str| {
         dir.join(format!("{name}.pcap"))
             .to_string_lossy()
@@ -104,14 +106,27 @@ fn cm_run(pair: &Pair, server: &[&str], client: &[&str], secs: u64) -> (String, 
                 f.display()
             ));
         }
+        scratch.0 = None;
         panic!(
             "{server:?} / {client:?} failed (captures kept in {})\n--- server:\n{out_s}\n{}\n{ladders}",
             dir.display(),
             attempts.join("\n")
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     (out_s, out_c)
+}
+
+/// A directory removed when this is dropped (also by a panic's unwinding) while it
+/// still holds it.
+struct Scratch(Option<std::path::PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
 }
 
 const TOOLS: &[&str] = &[

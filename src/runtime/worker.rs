@@ -981,6 +981,14 @@ fn shard_loop(
         if let Some(s) = published {
             last_pub = Instant::now();
             *stats.lock().unwrap_or_else(|e| e.into_inner()) = s;
+            // The capture's buffer goes to the file every 50 ms: a program killed, or
+            // one that exits without closing its device, keeps its last frames.
+            if me == 0
+                && tapping
+                && let Some(w) = tap.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
+            {
+                let _ = w.flush();
+            }
             if me == 0
                 && let Some(p) = &cfg.stats_file
                 && last_file.elapsed() > Duration::from_millis(500)
