@@ -562,7 +562,7 @@ fn hand_over(from: &mut Engine, to: &mut Engine, t: Time) -> usize {
 }
 
 /// A QP among many sends a message's packets a scheduling round apart, each round as
-/// long as the other QPs' packets. The round-trip timer (here 1 ms, its floor) runs
+/// long as the other QPs' packets. The round-trip timer (here 0.3 ms, its floor) runs
 /// from the last packet sent: timed from the first, a message whose packets took longer
 /// than that to leave went out again though nothing was lost.
 #[test]
@@ -576,9 +576,10 @@ fn a_message_leaving_one_packet_per_round_is_not_sent_again() {
     .unwrap();
     let mut buf = vec![0u8; 9000];
     let mut t = s.now;
-    // One packet every 600 us, 30 round trips apart; B answers whatever it has at once.
+    // One packet every 250 us, 12 round trips apart (750 us in all, more than the
+    // floor); B answers whatever it has at once.
     for _ in 0..3 {
-        t = t.add_nanos(600_000);
+        t = t.add_nanos(250_000);
         timers_until(&mut s.a, t);
         let k =
             s.a.poll_transmit(t, &mut buf)
@@ -620,7 +621,8 @@ fn an_answer_later_than_the_timer_makes_the_next_wait_longer() {
     };
     late_write(&mut s, 100);
     let c = s.a.counters();
-    // The timer fired (1 ms, then 2 ms more after its back-off) with nothing resent.
+    // The timer fired (at its floor, then twice as late after each back-off) with
+    // nothing resent.
     assert!(c.fast_retransmits >= 1 && c.retransmitted_pkts == 0, "{c}");
     let fired = c.fast_retransmits;
     late_write(&mut s, 101);
@@ -630,4 +632,54 @@ fn an_answer_later_than_the_timer_makes_the_next_wait_longer() {
         (fired, 0),
         "{c}"
     );
+}
+
+/// An ACK past a READ whose response was lost acknowledges the WRITE before it, which
+/// leaves the queue; the READ is asked again although the WRITE's PSNs are more than the
+/// window the loss leaves (the completer moves the oldest unacknowledged PSN up to the
+/// READ: left at the WRITE's, it kept 100 PSNs counted in flight, and the READ could
+/// never be sent again).
+#[test]
+fn a_read_answered_past_a_long_write_is_asked_again_after_its_response_is_lost() {
+    let (mut s, sa, sb) = rc(|a| a.timeout = 14);
+    sb.mem.write(200_000, &[7u8; 100]).unwrap();
+    let wrs = [
+        SendWr::write(1, &[sge(&sa, 0, 100 * 1024)], sb.mr.addr, sb.mr.rkey),
+        SendWr::read(
+            2,
+            &[sge(&sa, 200_000, 100)],
+            sb.mr.addr + 200_000,
+            sb.mr.rkey,
+        ),
+        SendWr::write(3, &[sge(&sa, 0, 100)], sb.mr.addr + 300_000, sb.mr.rkey),
+    ];
+    for wr in &wrs {
+        s.a.post_send(sa.qpn, wr).unwrap();
+    }
+    let t = s.now;
+    assert_eq!(hand_over(&mut s.a, &mut s.b, t), 102);
+    // B's answers: ACKs and the READ's response. Only the last ACK (for the second
+    // WRITE) gets through.
+    let t = t.add_nanos(20_000);
+    let mut buf = vec![0u8; 9000];
+    let mut last_ack = None;
+    while let Some(k) = s.b.poll_transmit(t, &mut buf) {
+        if Frame::parse(&buf[..k]).is_ok_and(|f| f.roce().bth().opcode() == Opcode::RC_ACKNOWLEDGE)
+        {
+            last_ack = Some(buf[..k].to_vec());
+        }
+    }
+    s.a.handle_frame(t.add_nanos(10_000), &last_ack.expect("B acknowledged"));
+    s.now = t.add_nanos(20_000);
+    let wcs = wait(&mut s, sa.cq, 3, 1);
+    let got: Vec<_> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [1, 2, 3].map(|i| (i, WcStatus::Success)),
+        "{}",
+        s.a.qp_debug(sa.qpn)
+    );
+    let mut back = [0u8; 100];
+    sa.mem.read(200_000, &mut back).unwrap();
+    assert_eq!(back, [7u8; 100]);
 }

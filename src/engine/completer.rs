@@ -88,7 +88,11 @@ impl Qp {
         self.retire_send(ctx, now);
     }
 
-    /// Marks done every SEND/WRITE WQE whose last PSN is not after `psn`.
+    /// Marks done every SEND/WRITE WQE whose last PSN is not after `psn`. Stopping at a
+    /// READ or atomic whose response is missing, it moves `comp_psn` up to that WQE:
+    /// what is before it was acknowledged and leaves the queue, and a `comp_psn` left
+    /// behind it would count those PSNs in flight for good (with a congestion window
+    /// smaller than the gap, the retry of the READ could never be sent).
     fn cover(&mut self, psn: Psn) -> Covered {
         for w in self.req.sq.iter_mut() {
             if !w.assigned {
@@ -101,6 +105,9 @@ impl Qp {
                 break;
             }
             if w.wr.opcode.is_read_or_atomic() {
+                if w.first_psn.is_after(self.req.comp_psn) {
+                    self.req.comp_psn = w.first_psn;
+                }
                 return Covered::LostResponse;
             }
             // Every PSN of it was sent at least once (the responder acknowledges only what
@@ -129,7 +136,9 @@ impl Qp {
     /// the retransmit timer back (rxe re-arms it on every response).
     fn progress(&mut self, ctx: &mut Ctx, now: Time, next: Psn) {
         if next.is_after(self.req.comp_psn) {
+            let acked = next.forward_from(self.req.comp_psn);
             self.req.comp_psn = next;
+            self.req.on_acked(acked, ctx.cfg.max_inflight_psns);
             self.req.retrying = false;
             self.req.fast_backoff = 0;
             if let Some((p, t)) = self.req.probe
@@ -407,6 +416,9 @@ impl Qp {
     /// Goes back N from `comp_psn` and restarts the round-trip timer: the step every
     /// retry shares (a NAK, a timeout, the round-trip timer).
     fn go_back(&mut self, ctx: &mut Ctx, now: Time) {
+        if self.qp_type == QpType::Rc {
+            self.req.on_loss(ctx.cfg.max_inflight_psns);
+        }
         self.req.retrying = true;
         self.rewind(self.req.comp_psn);
         let m = ctx.rtt.recent(now);

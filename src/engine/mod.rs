@@ -949,7 +949,7 @@ impl Engine {
         };
         let r = &q.req;
         let mut s = format!(
-            "QP 0x{qpn:06x} {} {}: next psn {} comp_psn {} cur {} rd_out {} retry_left {} rnr_left {} timer {:?} rnr_until {:?} retrying {}\n  responder: epsn {} msn {} rq {} out {}\n",
+            "QP 0x{qpn:06x} {} {}: next psn {} comp_psn {} cur {} rd_out {} retry_left {} rnr_left {} timer {:?} rnr_until {:?} retrying {} window {}\n  responder: epsn {} msn {} rq {} out {}\n",
             q.qp_type,
             q.state,
             r.psn,
@@ -961,6 +961,7 @@ impl Engine {
             r.timer,
             r.rnr_until,
             r.retrying,
+            r.window(self.config().max_inflight_psns),
             q.resp.epsn,
             q.resp.msn,
             q.resp.rq.len(),

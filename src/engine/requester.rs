@@ -181,6 +181,14 @@ pub(crate) struct Requester {
     /// left; cleared when a packet is sent again. Progress while it is set answers what
     /// was sent before, which was late, not lost (see `progress` in completer.rs).
     pub fast_fired: Option<Time>,
+    /// The congestion window (RC, PSNs; 0 until the first loss: the device's
+    /// `max_inflight_psns`). See [`Requester::window`].
+    pub cwnd: u32,
+    /// PSNs acknowledged since `cwnd` last grew.
+    pub cwnd_acked: u32,
+    /// The loss episode under way: `psn` when it began. Losses until `comp_psn` passes
+    /// it are the same episode's and do not shrink the window again.
+    pub recover: Option<Psn>,
     draining: bool,
     drain_notified: bool,
     /// WQEs that left the send queue (completed or flushed), ever.
@@ -270,6 +278,59 @@ impl Requester {
             return false;
         }
         self.sq.get(self.cur).is_some()
+    }
+
+    /// How many PSNs may be in flight unacknowledged (RC): `max` (the device's
+    /// `max_inflight_psns`) until a loss, then halved at each loss episode (down to
+    /// [`MIN_CWND`]) and grown back by one per window acknowledged, as TCP's Reno does.
+    /// A go-back-N sends again everything after the lost packet that left before the
+    /// NAK came back, and the queues a full window fills on the way make that round
+    /// trip long: `bench loss`, 64 KiB WRITEs at 2% loss each way, resent 46 packets per
+    /// NAK with a fixed window of 128 and 20 with one of 32 (goodput 0.39-0.43 of
+    /// lossless against 0.48-0.58), while a lossless stream needs the whole window on
+    /// links with a long round trip (two TCG VMs).
+    pub fn window(&self, max: u32) -> u32 {
+        let max = max.max(1);
+        if self.cwnd == 0 {
+            max
+        } else {
+            self.cwnd.min(max)
+        }
+    }
+
+    /// A loss (a sequence NAK, a timer): the window halves, once per episode.
+    pub fn on_loss(&mut self, max: u32) {
+        if self.recover.is_some() {
+            return;
+        }
+        let w = self.window(max);
+        self.cwnd = (w / 2).max(MIN_CWND.min(max.max(1)));
+        self.cwnd_acked = 0;
+        self.recover = Some(self.psn);
+    }
+
+    /// `acked` more PSNs were acknowledged, up to `comp_psn`: the episode ends once
+    /// everything outstanding at its start is; outside one, the window grows.
+    pub fn on_acked(&mut self, acked: u32, max: u32) {
+        if let Some(r) = self.recover {
+            if self.comp_psn.is_before(r) {
+                return;
+            }
+            self.recover = None;
+        }
+        if self.cwnd == 0 {
+            return;
+        }
+        let max = max.max(1);
+        self.cwnd_acked = self.cwnd_acked.saturating_add(acked);
+        while self.cwnd < max && self.cwnd_acked >= self.cwnd {
+            self.cwnd_acked -= self.cwnd;
+            self.cwnd += 1;
+        }
+        if self.cwnd >= max {
+            self.cwnd = 0;
+            self.cwnd_acked = 0;
+        }
     }
 
     /// PSNs in flight unacknowledged.
@@ -618,14 +679,14 @@ impl Qp {
                 }
                 self.req.psn = psn.add(n);
             }
-            // The RC window: at most max_inflight PSNs unacknowledged.
+            // The RC window: at most `window` PSNs unacknowledged.
             let w = &self.req.sq[idx];
             let pkt_psn = w.first_psn.add(if w.wr.opcode == WrOpcode::RdmaRead {
                 w.read_from
             } else {
                 w.next_pkt
             });
-            let window = ctx.cfg.max_inflight_psns.max(1);
+            let window = self.req.window(ctx.cfg.max_inflight_psns);
             if self.qp_type == QpType::Rc && pkt_psn.forward_from(self.req.comp_psn) >= window {
                 return None;
             }
@@ -672,8 +733,15 @@ impl Qp {
         let inv = op == WrOpcode::SendWithInv && pos.ends();
         let opcode = Opcode::find(transport, oper, pos, imm, inv)?;
         let rc = transport == Transport::Rc;
-        let ack_req =
-            rc && (pos.ends() || self.req.noack >= ctx.cfg.ack_req_interval || last_in_window);
+        // Also at half the window: if the window's last packet is lost, the ACK for its
+        // middle lets later packets leave, and they reveal the gap (a NAK), where with
+        // no ACK asked for before the last one only a timer would.
+        let every = ctx
+            .cfg
+            .ack_req_interval
+            .min(self.req.window(ctx.cfg.max_inflight_psns) / 2)
+            .max(1);
+        let ack_req = rc && (pos.ends() || self.req.noack >= every || last_in_window);
         let mut ext = ExtRepr::default();
         match oper {
             Operation::Write if pos.starts() => {
@@ -925,11 +993,62 @@ impl DeviceRtt {
     }
 }
 
-/// The least retransmit timeout the measured round trip may give: about a scheduler
-/// tick, so that a late ACK on a busy host is not taken for a lost packet.
-pub(crate) const FAST_RTO_MIN_NS: u64 = 1_000_000;
+/// The smallest congestion window (PSNs): below about a round trip of packets a loss
+/// costs more in waiting than in packets sent twice (`bench loss`: a fixed window of 16
+/// gave no more goodput at 2% loss than one of 32, with more timer waits).
+pub(crate) const MIN_CWND: u32 = 32;
+
+/// The least retransmit timeout the measured round trip may give. A busy host's late
+/// ACKs are covered by four times the longest round trip the device saw lately and by
+/// the late answers it learns from ([`DeviceRtt`]); the floor only keeps a timer from
+/// firing within a few round trips of an idle veth. It was 1 ms, and it set nearly every
+/// timer in `bench loss` at 2% (the measured part said 0.5-0.7 ms), each of about 200 a
+/// second a wait for the answer to a lost NAK or a lost first retransmission: 0.3 ms
+/// took the median goodput there from 0.50 to 0.56 of lossless.
+pub(crate) const FAST_RTO_MIN_NS: u64 = 300_000;
 
 /// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
 pub(crate) fn timeout_ns(t: u8) -> u64 {
     4096u64 << u32::from(t.min(31))
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    #[test]
+    fn a_loss_halves_the_window_once_per_episode_and_acks_grow_it_back() {
+        let mut r = Requester::default();
+        r.set_psn(100);
+        assert_eq!(r.window(128), 128);
+        // 128 PSNs out; a NAK, then another of the same episode.
+        r.psn = r.psn.add(128);
+        r.on_loss(128);
+        assert_eq!(r.window(128), 64);
+        r.on_loss(128);
+        assert_eq!(r.window(128), 64, "one halving per episode");
+        // Acknowledged up to the episode's end: the next loss halves again, to the floor.
+        r.comp_psn = r.psn;
+        r.on_acked(128, 128);
+        r.psn = r.psn.add(40);
+        r.on_loss(128);
+        assert_eq!(r.window(128), MIN_CWND);
+        r.comp_psn = r.psn;
+        r.on_acked(40, 128);
+        // One PSN more per window acknowledged, back to the device's maximum.
+        let mut acked = 0u32;
+        while r.window(128) < 128 {
+            let w = r.window(128);
+            r.psn = r.psn.add(w);
+            r.comp_psn = r.psn;
+            r.on_acked(w, 128);
+            acked += w;
+            assert!(acked < 10_000, "the window never grew back");
+        }
+        assert_eq!((r.cwnd, r.window(128)), (0, 128));
+        // A device maximum below the floor is the window.
+        let mut r = Requester::default();
+        r.on_loss(8);
+        assert_eq!(r.window(8), 8);
+    }
 }
