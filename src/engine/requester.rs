@@ -199,6 +199,10 @@ impl Requester {
     pub fn set_psn(&mut self, psn: u32) {
         self.psn = Psn::new(psn);
         self.comp_psn = self.psn;
+        // A new PSN space: no loss episode of the old one carries over.
+        self.cwnd = 0;
+        self.cwnd_acked = 0;
+        self.recover = None;
     }
 
     pub fn reset_retries(&mut self, a: &QpAttr) {
@@ -1050,5 +1054,22 @@ mod window_tests {
         let mut r = Requester::default();
         r.on_loss(8);
         assert_eq!(r.window(8), 8);
+    }
+
+    /// A QP given a new send PSN (RTR->RTS again, or a reconnect) starts a new PSN space:
+    /// the old one's reduced window and loss episode do not carry over.
+    #[test]
+    fn a_new_psn_space_starts_with_the_full_window() {
+        let mut r = Requester::default();
+        r.set_psn(100);
+        r.psn = r.psn.add(128);
+        r.on_loss(128);
+        assert_eq!(r.window(128), 64);
+        r.set_psn(0x00ff_fff0);
+        assert_eq!(r.window(128), 128);
+        // The new space's first loss halves (no episode of the old one is open).
+        r.psn = r.psn.add(128);
+        r.on_loss(128);
+        assert_eq!(r.window(128), 64);
     }
 }
