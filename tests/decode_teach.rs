@@ -252,6 +252,99 @@ fn a_retransmission_is_explained_by_what_happened() {
     assert!(text(&o.stdout).contains("RETRANSMIT (TIMEOUT"));
 }
 
+/// The summary groups retransmissions by cause into rounds (one NAK or timeout resends
+/// a run of PSNs): the rounds add up to the counts per cause, each round's first and
+/// last frame carry the PSNs it names (as tshark read them), and a go-back-N round names
+/// a NAK the summary lists. Every cause appears, not only the first 20 packets' cause.
+#[test]
+fn retransmissions_are_summed_up_by_cause_in_rounds() {
+    let rows = tshark("roce-xdp-loss.tshark.tsv");
+    let psn_of: HashMap<usize, u32> = rows.iter().map(|r| (r.frame, r.psn)).collect();
+    let o = decode(&["--brief", capture("roce-xdp-loss").to_str().unwrap()]);
+    let out = text(&o.stdout);
+    let sum = out.split_once("retransmitted PSNs: ").unwrap().1;
+    let head = sum.lines().next().unwrap();
+    let counts: Vec<usize> = head
+        .split(['(', ',', ')'])
+        .filter_map(|p| p.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(counts.len(), 4, "{head}");
+    assert_eq!(counts[0], counts[1] + counts[2] + counts[3], "{head}");
+    let naks: Vec<usize> = sum
+        .split_once("  NAKs: ")
+        .unwrap()
+        .1
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("frame ")?
+                .split(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    let mut per_cause: Vec<(String, usize, usize)> = Vec::new();
+    for l in sum.lines().skip(1).take_while(|l| !l.starts_with("  NAKs")) {
+        let t = l.trim_start();
+        let psn = |w: &str| num(w.trim_matches(|c: char| !c.is_ascii_alphanumeric()));
+        if l.starts_with("    ") && !l.starts_with("      ") {
+            let (title, rest) = t.split_once(": ").unwrap();
+            let n: usize = rest.split_whitespace().next().unwrap().parse().unwrap();
+            per_cause.push((title.to_string(), n, 0));
+        } else if let Some(r) = t.strip_prefix("frame ") {
+            let (f, rest) = r.split_once(": PSN ").unwrap();
+            let p = psn(rest.split_whitespace().next().unwrap());
+            assert_eq!(psn_of[&f.parse::<usize>().unwrap()] as u64, p, "{l}");
+            let c = per_cause.last_mut().unwrap();
+            c.2 += 1;
+            if c.0.starts_with("in go-back-N") {
+                let nak: usize = rest
+                    .split_once("NAK in frame ")
+                    .map(|(_, x)| x.split(':').next().unwrap().parse().unwrap())
+                    .unwrap();
+                assert!(naks.contains(&nak), "{l}: NAK {nak} not among {naks:?}");
+            }
+        } else if let Some(r) = t.strip_prefix("and ") {
+            let more: usize = r.split_whitespace().next().unwrap().parse().unwrap();
+            let p = psn(r
+                .split("up to ")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap());
+            let f: usize = r
+                .split("(frame ")
+                .nth(1)
+                .unwrap()
+                .trim_end_matches(')')
+                .parse()
+                .unwrap();
+            assert_eq!(psn_of[&f] as u64, p, "{l}");
+            per_cause.last_mut().unwrap().2 += more;
+        } else {
+            panic!("unexpected line in the retransmission summary: {l}");
+        }
+    }
+    // This capture: two go-back-N rounds after NAKs, then one timeout round, all shown.
+    let titles: Vec<&str> = per_cause.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(
+        titles,
+        [
+            "in go-back-N after a sequence NAK or a lost READ response",
+            "after a retransmit timeout"
+        ],
+        "{sum}"
+    );
+    assert_eq!(per_cause[0].1, counts[1], "{sum}");
+    assert_eq!(per_cause[1].1, counts[3], "{sum}");
+    for (title, n, shown) in &per_cause {
+        assert_eq!(n, shown, "{title}: the rounds shown do not add up");
+    }
+}
+
 /// `--hex`: every byte of a frame belongs to a marked field, in order, and the field
 /// values are those of the full view.
 #[test]

@@ -87,7 +87,7 @@ struct Summary {
     malformed: Vec<(usize, String)>,
     per_opcode: BTreeMap<u8, usize>,
     icrc_bad: Vec<usize>,
-    retransmitted: Vec<(usize, FlowKey, u32, String)>,
+    retransmitted: Vec<Resent>,
     /// Retransmitted packets by cause: after a sequence NAK, an RNR NAK, a timeout.
     causes: [usize; 3],
     naks: Vec<(usize, String)>,
@@ -99,6 +99,98 @@ struct Summary {
     /// `--check`: the highest PSN any response of a flow carried (ACK, NAK, RNR NAK,
     /// READ response, atomic ACK): requests up to it were answered.
     answered: std::collections::HashMap<FlowKey, crate::wire::Psn>,
+}
+
+/// One retransmitted request, for the summary.
+struct Resent {
+    frame: usize,
+    key: FlowKey,
+    psn: u32,
+    cause: Option<flows::Cause>,
+    why: String,
+}
+
+/// Index into `Summary::causes`: go-back-N after a sequence NAK or a lost READ
+/// response, after an RNR NAK, after a timeout (None: cause unknown, counted nowhere).
+fn cause_class(c: Option<flows::Cause>) -> Option<usize> {
+    Some(match c? {
+        flows::Cause::SeqNak { .. } | flows::Cause::ReadGap { .. } => 0,
+        flows::Cause::RnrNak { .. } => 1,
+        flows::Cause::Timeout { .. } => 2,
+    })
+}
+
+/// Whether `r` continues the round `prev` began: the same flow sent again for the same
+/// reason (the same NAK or READ response; for a timeout, the next PSN).
+fn same_round(prev: &Resent, r: &Resent) -> bool {
+    use flows::Cause::*;
+    prev.key == r.key
+        && match (prev.cause, r.cause) {
+            (Some(SeqNak { nak: a }), Some(SeqNak { nak: b }))
+            | (Some(RnrNak { nak: a }), Some(RnrNak { nak: b }))
+            | (Some(ReadGap { response: a }), Some(ReadGap { response: b })) => a == b,
+            (Some(Timeout { .. }), Some(Timeout { .. })) => {
+                r.psn == (prev.psn + 1) & crate::wire::Psn::MASK
+            }
+            _ => false,
+        }
+}
+
+/// The retransmissions grouped by cause, then in rounds (one NAK or timeout resends a
+/// run of PSNs): each cause's first rounds, each shown by its first packet, so a capture
+/// whose first rounds were timeouts still shows a go-back-N after a NAK.
+fn retransmission_rounds(out: &mut String, all: &[Resent]) {
+    const ROUNDS: usize = 5;
+    const TITLES: [&str; 3] = [
+        "in go-back-N after a sequence NAK or a lost READ response",
+        "after an RNR NAK",
+        "after a retransmit timeout",
+    ];
+    // (class, first, last, count) per round, in capture order.
+    let mut rounds: Vec<(Option<usize>, &Resent, &Resent, usize)> = Vec::new();
+    for r in all {
+        match rounds.last_mut() {
+            Some((_, _, last, n)) if same_round(last, r) => {
+                *last = r;
+                *n += 1;
+            }
+            _ => rounds.push((cause_class(r.cause), r, r, 1)),
+        }
+    }
+    for class in [Some(0), Some(1), Some(2), None] {
+        let of: Vec<_> = rounds.iter().filter(|r| r.0 == class).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let psns: usize = of.iter().map(|r| r.3).sum();
+        let _ = writeln!(
+            out,
+            "    {}: {psns} PSNs in {} round(s){}",
+            class.map_or("cause not in the capture", |c| TITLES[c]),
+            of.len(),
+            if of.len() > ROUNDS {
+                format!(", the first {ROUNDS}")
+            } else {
+                String::new()
+            }
+        );
+        for (_, first, last, n) in of.iter().take(ROUNDS) {
+            let _ = writeln!(
+                out,
+                "      frame {}: PSN 0x{:06x} to {} QP 0x{:06x}: {}",
+                first.frame, first.psn, first.key.responder, first.key.responder_qp, first.why
+            );
+            if *n > 1 {
+                let _ = writeln!(
+                    out,
+                    "        and {} more PSN(s) of the same round, up to 0x{:06x} (frame {})",
+                    n - 1,
+                    last.psn,
+                    last.frame
+                );
+            }
+        }
+    }
 }
 
 /// What kind of non-RoCE frame this is, in a few words.
@@ -454,19 +546,20 @@ fn record(sum: &mut Summary, s: &Seen<'_>) {
     if s.obs.retransmission
         && let Some(k) = s.obs.flow
     {
-        if let flows::Story::Retransmit { cause, .. } = s.obs.story {
-            sum.causes[match cause {
-                flows::Cause::SeqNak { .. } | flows::Cause::ReadGap { .. } => 0,
-                flows::Cause::RnrNak { .. } => 1,
-                flows::Cause::Timeout { .. } => 2,
-            }] += 1;
+        let cause = match s.obs.story {
+            flows::Story::Retransmit { cause, .. } => Some(cause),
+            _ => None,
+        };
+        if let Some(c) = cause_class(cause) {
+            sum.causes[c] += 1;
         }
-        sum.retransmitted.push((
-            s.packet.index,
-            k,
-            b.psn().value(),
-            flows::story_text(&s.obs.story, b.psn()).unwrap_or_default(),
-        ));
+        sum.retransmitted.push(Resent {
+            frame: s.packet.index,
+            key: k,
+            psn: b.psn().value(),
+            cause,
+            why: flows::story_text(&s.obs.story, b.psn()).unwrap_or_default(),
+        });
     }
     if let Some(a) = r.aeth() {
         match a.syndrome() {
@@ -610,16 +703,7 @@ fn summary(out: &mut String, s: &Summary, t: &Tracker) {
             s.causes[1],
             s.causes[2]
         );
-        for (i, k, psn, why) in s.retransmitted.iter().take(20) {
-            let _ = writeln!(
-                out,
-                "    frame {i}: PSN 0x{psn:06x} to {} QP 0x{:06x}: {why}",
-                k.responder, k.responder_qp
-            );
-        }
-        if s.retransmitted.len() > 20 {
-            let _ = writeln!(out, "    ...");
-        }
+        retransmission_rounds(out, &s.retransmitted);
     }
     if !s.naks.is_empty() {
         let _ = writeln!(out, "  NAKs: {}", s.naks.len());
