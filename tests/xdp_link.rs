@@ -1754,3 +1754,52 @@ fn bench_loss_reports_goodput_beside_lossless_with_what_recovery_took() {
         assert!(r["to_lossless"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+/// A batch of frames takes one `sendto` (copy mode transmits up to 32 descriptors per
+/// call, synchronously); the turns after it must not kick again for frames the kernel
+/// has already sent. Before the fix every batch cost two system calls.
+#[test]
+fn the_tx_ring_is_kicked_once_per_batch_not_again_for_sent_frames() {
+    if !need_root() {
+        return;
+    }
+    use roce_xdp::link::FrameLink;
+    use roce_xdp::link::xdp::{XdpConfig, XdpLink};
+    let pair = Pair::new("rxj", 20, 1500).unwrap();
+    // An Ethernet frame of a local experimental ethertype: B's kernel drops it.
+    let mut frame = vec![0u8; 128];
+    frame[..6].copy_from_slice(&pair.b.mac(&pair.ifname).unwrap());
+    frame[6..12].copy_from_slice(&pair.a.mac(&pair.ifname).unwrap());
+    frame[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+    let (ns, ifname, ip) = (pair.a.name.clone(), pair.ifname.clone(), pair.ip_a);
+    let kicks = std::thread::spawn(move || -> Vec<u64> {
+        roce_xdp::host::enter_netns(&ns).unwrap();
+        let mut link = XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default()).unwrap();
+        let mut kicks = Vec::new();
+        for batch in [1usize, 32] {
+            let before = link.stats.tx_kicks;
+            let mut left = batch;
+            let sent = link.send(&mut |buf| {
+                if left == 0 {
+                    return None;
+                }
+                left -= 1;
+                buf[..frame.len()].copy_from_slice(&frame);
+                Some(frame.len())
+            });
+            assert_eq!(sent, batch);
+            // The engine's loop turns that follow: nothing new to send.
+            for _ in 0..5 {
+                std::thread::sleep(Duration::from_millis(2));
+                link.flush();
+                link.send(&mut |_| None);
+            }
+            assert!(!link.tx_pending(), "the kernel sent every frame");
+            kicks.push(link.stats.tx_kicks - before);
+        }
+        kicks
+    })
+    .join()
+    .unwrap();
+    assert_eq!(kicks, vec![1, 1], "sendto calls per batch of 1 and of 32");
+}
