@@ -85,6 +85,10 @@ enum Cmd {
         cmd: Option<BenchCmd>,
         #[command(flatten)]
         all: AllArgs,
+        /// Leave both sides of each measurement to the scheduler instead of pinning A's
+        /// engine (or sending thread) to the first CPU and B's to the second.
+        #[arg(long, global = true)]
+        no_pin: bool,
     },
     /// An endurance run: many RC QPs over AF_XDP with loss and reordering, mixed
     /// operations, every byte verified, resident memory watched (root).
@@ -686,8 +690,20 @@ fn main() -> ExitCode {
         Cmd::Perftest(a) => run_perftest(a),
         Cmd::Run(a) => run_program(a, cli.verbose),
         Cmd::Link { cmd } => run_link(cmd.unwrap_or(LinkCmd::Show { name: None })),
-        Cmd::Bench { cmd: Some(cmd), .. } => run_bench(cmd),
-        Cmd::Bench { cmd: None, all } => {
+        Cmd::Bench {
+            cmd: Some(cmd),
+            no_pin,
+            ..
+        } => {
+            apps::bench::set_pinning(!no_pin);
+            run_bench(cmd)
+        }
+        Cmd::Bench {
+            cmd: None,
+            all,
+            no_pin,
+        } => {
+            apps::bench::set_pinning(!no_pin);
             apps::catch_interrupts();
             let o = apps::bench::all::AllOpts { quick: all.quick };
             bench_out("bench", all.json, |say| apps::bench::all::all(&o, say))
@@ -902,12 +918,20 @@ fn bench_out<R: apps::bench::BenchReport>(
     });
     match r {
         Ok(r) if json => {
-            println!("{}", r.to_json());
+            let mut j = r.to_json();
+            if let Some(o) = j.as_object_mut() {
+                o.insert(
+                    "side_cpus".into(),
+                    serde_json::json!(apps::bench::side_cpus()),
+                );
+            }
+            println!("{j}");
             ExitCode::SUCCESS
         }
         Ok(r) => {
             println!();
             print!("{}", r.table());
+            println!("{}", apps::bench::pinning_line());
             ExitCode::SUCCESS
         }
         Err(e) => failed(what, &e),

@@ -228,3 +228,47 @@ fn demo_refuses_a_bad_mtu_before_creating_anything() {
     let e = roce_xdp::apps::demo::run(&o, &mut |_| {}).unwrap_err();
     assert!(e.contains("316 (IB MTU 256) to 9000"), "{e}");
 }
+
+/// `RuntimeConfig::cpus` pins the engine thread (what `bench` does to keep its two
+/// sides on different cores), and a CPU the process may not run on is refused at open.
+#[test]
+fn engine_threads_run_on_the_cpus_they_are_given() {
+    if !need_root() {
+        return;
+    }
+    let allowed = roce_xdp::host::allowed_cpus();
+    let pair = Pair::new("rxc", 28, 1500).unwrap();
+    let mut bad = RuntimeConfig::udp(IpAddr::V4(pair.ip_a));
+    bad.netns = Some(pair.a.name.clone());
+    bad.cpus = vec![100_000];
+    let e = Device::open(bad).err().expect("CPU 100000 was accepted");
+    assert!(e.to_string().contains("CPU 100000"), "{e}");
+    let Some(&cpu) = allowed.last() else {
+        panic!("no CPU in the affinity mask")
+    };
+    let mut c = RuntimeConfig::udp(IpAddr::V4(pair.ip_a));
+    c.netns = Some(pair.a.name.clone());
+    c.cpus = vec![cpu];
+    let dev = Device::open(c).unwrap();
+    // The engine threads of this process (other tests' engines run beside) and the
+    // CPUs each may run on.
+    let engines: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim().starts_with("roce-xdp-engine"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string())
+        })
+        .collect();
+    assert!(
+        engines.contains(&cpu.to_string()),
+        "no engine thread pinned to CPU {cpu}: {engines:?}"
+    );
+    drop(dev);
+}

@@ -1692,6 +1692,17 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
         assert_eq!(x["met"].is_boolean(), !x["target"].is_null(), "{x}");
     }
     assert!(j["engine_bytes_per_idle_qp"].as_f64().unwrap() > 0.0);
+    // The two sides ran on different cores (CI's machine has two), and the JSON says
+    // which.
+    let allowed = roce_xdp::host::allowed_cpus();
+    if allowed.len() >= 2 {
+        assert_eq!(
+            j["side_cpus"],
+            serde_json::json!([allowed[0], allowed[1]]),
+            "{}",
+            j["side_cpus"]
+        );
+    }
 }
 
 /// `bench send -s 4096`: one test printed in ib_send_bw's layout, with the raw ceiling.
@@ -1727,6 +1738,9 @@ fn bench_send_prints_one_test_as_perftest_does() {
         "{row}"
     );
     assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
+    if roce_xdp::host::allowed_cpus().len() >= 2 {
+        assert!(text.contains("sides pinned: A's engine"), "{text}");
+    }
     assert!(text.contains("kernel UDP, 1024-byte datagrams"), "{text}");
 }
 

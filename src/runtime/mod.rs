@@ -114,6 +114,9 @@ pub struct RuntimeConfig {
     /// queue the peer's UDP source port selects, as RSS would; frames that arrive on
     /// another thread's queue are handed over.
     pub threads: usize,
+    /// Pin engine thread `k` to CPU `cpus[k % cpus.len()]`; empty: the scheduler
+    /// places them (`bench` puts the two sides of a measurement on different cores).
+    pub cpus: Vec<usize>,
     /// Reorder and delay received frames before the engine sees them (tests, `soak`).
     pub faults: Option<faults::FaultConfig>,
     /// The interface whose state is the port's (up with a carrier: ACTIVE). Default:
@@ -197,6 +200,7 @@ impl RuntimeConfig {
             stats_file: None,
             port_mtu: None,
             threads: 1,
+            cpus: Vec::new(),
             port_ifname: None,
             faults: None,
             event_hook: None,
@@ -986,6 +990,14 @@ impl Device {
             return Err(RuntimeError::Setup(
                 "several engine threads need the AF_XDP link (one socket per queue)".into(),
             ));
+        }
+        if !cfg.cpus.is_empty() {
+            let allowed = crate::host::allowed_cpus();
+            if let Some(c) = cfg.cpus.iter().find(|c| !allowed.contains(c)) {
+                return Err(RuntimeError::Setup(format!(
+                    "CPU {c} is not one this process may run on (allowed: {allowed:?})"
+                )));
+            }
         }
         // Resolved here, once: the engine thread and the callers act on the same answer.
         let lone = one_cpu();

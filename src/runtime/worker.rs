@@ -867,6 +867,14 @@ fn shard_loop(
     others: Vec<std::thread::JoinHandle<()>>,
 ) {
     let n = set.len();
+    if !cfg.cpus.is_empty() {
+        let cpu = cfg.cpus[me % cfg.cpus.len()];
+        // Checked against the affinity mask at open; a cpuset changed since only costs
+        // the placement.
+        if let Err(e) = crate::host::pin_to_cpu(cpu) {
+            tracing::warn!("engine thread {me}: {e}");
+        }
+    }
     let cmds = set.links[me].cmd_rx.clone();
     let wake_fd = set.links[me].wake.fd;
     let stats = set.stats[me].clone();

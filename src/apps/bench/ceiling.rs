@@ -255,14 +255,15 @@ pub(super) fn raw_frame_from(
 /// Sends `count` copies of `frame` from A's AF_XDP link as fast as the rings take them
 /// and counts what B's link receives: frames per second from B's first to its last.
 pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
-    let open = |ns: String, ifname: String, ip: Ipv4Addr| {
+    let open = |side: usize, ns: String, ifname: String, ip: Ipv4Addr| {
         move || -> Result<XdpLink, String> {
+            super::pin_side(side);
             crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;
             XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
         }
     };
     let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
-    let open_b = open(pair.b.name.clone(), pair.ifname.clone(), pair.ip_b);
+    let open_b = open(1, pair.b.name.clone(), pair.ifname.clone(), pair.ip_b);
     let receiver = std::thread::spawn(move || -> Result<(u64, Duration), String> {
         let mut link = match open_b() {
             Ok(l) => {
@@ -279,7 +280,7 @@ pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, Str
     ready_rx
         .recv()
         .map_err(|_| "the raw receiver ended".to_string())??;
-    let open_a = open(pair.a.name.clone(), pair.ifname.clone(), pair.ip_a);
+    let open_a = open(0, pair.a.name.clone(), pair.ifname.clone(), pair.ip_a);
     let frame = frame.to_vec();
     let sender = std::thread::spawn(move || -> Result<(), String> {
         let mut link = open_a()?;

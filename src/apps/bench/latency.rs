@@ -277,6 +277,7 @@ fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>,
     let (ns_b, ip_b) = (pair.b.name.clone(), IpAddr::V4(pair.ip_b));
     let echo = std::thread::spawn(move || -> Result<(), String> {
         let s = (|| {
+            super::pin_side(1);
             crate::host::enter_netns(&ns_b).map_err(|e| e.to_string())?;
             let s = UdpSocket::bind((ip_b, 0)).map_err(|e| format!("UDP echo: {e}"))?;
             s.set_read_timeout(Some(STALL)).map_err(|e| e.to_string())?;
@@ -307,6 +308,7 @@ fn udp_pingpong(pair: &Pair, size: usize, iters: usize) -> Result<Vec<Duration>,
         .map_err(|_| "the UDP echo thread ended".to_string())??;
     let (ns_a, ip_a) = (pair.a.name.clone(), IpAddr::V4(pair.ip_a));
     let client = std::thread::spawn(move || -> Result<Vec<Duration>, String> {
+        super::pin_side(0);
         crate::host::enter_netns(&ns_a).map_err(|e| e.to_string())?;
         let s = UdpSocket::bind((ip_a, 0)).map_err(|e| format!("UDP client: {e}"))?;
         s.connect((ip_b, port)).map_err(|e| e.to_string())?;
@@ -348,6 +350,7 @@ fn raw_pingpong(
     let to_b = super::ceiling::raw_frame_from(pair, true, Mtu::Mtu1024, size)?;
     let to_a = super::ceiling::raw_frame_from(pair, false, Mtu::Mtu1024, size)?;
     let open = |ns: &str, ip| -> Result<XdpLink, String> {
+        super::pin_side(if ns == pair.a.name { 0 } else { 1 });
         crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
         XdpLink::open(&pair.ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
     };

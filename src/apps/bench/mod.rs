@@ -101,6 +101,54 @@ pub struct FloodReport {
     pub link: String,
 }
 
+/// Whether benches pin their two sides to different cores (`--no-pin` turns it off, to
+/// compare). Process-wide: every part of one `bench` run measures the same way.
+static PIN_SIDES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Sets whether the two sides of each measurement are pinned (the default) or left to
+/// the scheduler.
+pub fn set_pinning(on: bool) {
+    PIN_SIDES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The cores the two sides of a measurement run on: A's (the sender, or the requester)
+/// on the first CPU of this process's affinity mask, B's on the second, so neither
+/// steals the other's core and neither migrates mid-measurement. `None` when pinning
+/// is off or there are fewer than two CPUs.
+pub fn side_cpus() -> Option<[usize; 2]> {
+    if !PIN_SIDES.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    match crate::host::allowed_cpus()[..] {
+        [a, b, ..] => Some([a, b]),
+        _ => None,
+    }
+}
+
+/// Pins the calling thread to side `k`'s core (0: A, 1: B), when sides are pinned. A
+/// failure is only printed: the figure is still measured, unpinned.
+pub(crate) fn pin_side(k: usize) {
+    if let Some(cpus) = side_cpus()
+        && let Err(e) = crate::host::pin_to_cpu(cpus[k % 2])
+    {
+        eprintln!("bench: {e}");
+    }
+}
+
+/// How the sides ran, for the reports.
+pub fn pinning_line() -> String {
+    match side_cpus() {
+        Some([a, b]) => format!(
+            "sides pinned: A's engine or sending thread on CPU {a}, B's on CPU {b} (the \
+             application's thread is not pinned)"
+        ),
+        None if PIN_SIDES.load(std::sync::atomic::Ordering::Relaxed) => {
+            "sides not pinned: this process may run on one CPU only".to_string()
+        }
+        None => "sides not pinned (--no-pin)".to_string(),
+    }
+}
+
 /// What every `bench` report gives the command: the table it prints, and `--json`.
 pub trait BenchReport {
     fn table(&self) -> String;
@@ -167,7 +215,7 @@ pub(crate) fn rc_connect(
     mem: usize,
     busy: bool,
 ) -> Result<(Endpoint, Endpoint), String> {
-    let open = |(ns, ip): (&str, Ipv4Addr)| {
+    let open = |(ns, ip): (&str, Ipv4Addr), side: usize| {
         let mut c = match link {
             BenchLink::Xdp => RuntimeConfig::xdp(ifname),
             BenchLink::Udp => {
@@ -179,10 +227,11 @@ pub(crate) fn rc_connect(
         };
         c.netns = Some(ns.to_string());
         c.busy_poll = busy;
+        c.cpus = side_cpus().map(|s| vec![s[side]]).unwrap_or_default();
         let d = Device::open(c).map_err(|e| format!("engine in {ns}: {e}"))?;
         Endpoint::new(d, &EndpointOpts::new(QpType::Rc, mem)).map_err(|e| e.to_string())
     };
-    let (a, b) = (open(ends[0])?, open(ends[1])?);
+    let (a, b) = (open(ends[0], 0)?, open(ends[1], 1)?);
     let mtu = mtu.unwrap_or(a.dev.info().port_mtu);
     let (ip_a, ip_b) = (IpAddr::V4(ends[0].1), IpAddr::V4(ends[1].1));
     let (psn_a, psn_b) = (0x100, 0x200);
@@ -515,6 +564,7 @@ pub fn flood(o: &FloodOpts, say: &mut dyn FnMut(&str)) -> Result<FloodReport, St
     let open = |i: usize| {
         let mut c = RuntimeConfig::xdp(&br.ifname);
         c.netns = Some(br.ends[i].name.clone());
+        c.cpus = side_cpus().map(|s| vec![s[i]]).unwrap_or_default();
         Device::open(c).map_err(|e| format!("engine {}: {e}", ["A", "B"][i]))
     };
     let (da, db) = (open(0)?, open(1)?);

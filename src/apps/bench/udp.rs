@@ -31,6 +31,7 @@ pub fn udp_rate(pair: &Pair, payload: usize, count: u64) -> Result<(f64, u64), S
     let (ns_b, ip_b) = (pair.b.name.clone(), pair.ip_b);
     let receiver = std::thread::spawn(move || -> Result<(u64, Duration), String> {
         let setup = (|| {
+            super::pin_side(1);
             crate::host::enter_netns(&ns_b).map_err(|e| e.to_string())?;
             let s = UdpSocket::bind((ip_b, 0)).map_err(|e| format!("UDP receiver: {e}"))?;
             setsockopt(&s, sockopt::RcvBufForce, &SOCK_BUF)
@@ -75,6 +76,7 @@ pub fn udp_rate(pair: &Pair, payload: usize, count: u64) -> Result<(f64, u64), S
         .map_err(|_| "the UDP receiver ended".to_string())??;
     let (ns_a, ip_a) = (pair.a.name.clone(), pair.ip_a);
     let sender = std::thread::spawn(move || -> Result<(), String> {
+        super::pin_side(0);
         crate::host::enter_netns(&ns_a).map_err(|e| e.to_string())?;
         let s = UdpSocket::bind((IpAddr::V4(ip_a), 0)).map_err(|e| format!("UDP sender: {e}"))?;
         setsockopt(&s, sockopt::SndBufForce, &SOCK_BUF)
