@@ -1154,3 +1154,49 @@ fn vlan_gids_send_tagged_frames_and_take_only_their_own_vlan() {
     s.b.handle_frame(now, &other);
     assert_eq!(s.b.counters().drop_not_for_us, before + 2);
 }
+
+/// What a threaded runtime mirrors: `take_touched_qps` hands a QP out when its state or
+/// finished counts changed, once; a turn that only touched it (a posted receive) hands
+/// out nothing; `republish_qp` forces it; and a QP moved to another engine (here: taken
+/// out and adopted back) is handed out by the engine that adopted it.
+#[test]
+fn touched_qps_report_changes_once_and_follow_a_moved_qp() {
+    let (a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 20, 10, 20, 41);
+    let mut s = sim(a, b, clean(), clean(), 41);
+    let take = |e: &mut Engine| {
+        let mut v = Vec::new();
+        e.take_touched_qps(|qpn, state, sq, rq| v.push((qpn, state, sq, rq)));
+        v
+    };
+    take(&mut s.a);
+    take(&mut s.b);
+    s.b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 0, 4096)]))
+        .unwrap();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::send(2, &[sge(&sa, 0, 100)]).with_flags(SendFlags::SIGNALED),
+    )
+    .unwrap();
+    let (wa, wb) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!((wa.len(), wb.len()), (1, 1));
+    assert_eq!(take(&mut s.a), [(sa.qpn, QpState::Rts, 1, 0)]);
+    assert_eq!(take(&mut s.b), [(sb.qpn, QpState::Rts, 0, 1)]);
+    assert_eq!(take(&mut s.a), [], "handed out twice");
+    // Touched, nothing changed.
+    s.a.post_recv(sa.qpn, &RecvWr::new(3, &[sge(&sa, 0, 4096)]))
+        .unwrap();
+    assert_eq!(take(&mut s.a), [], "a posted receive changes no figure");
+    s.a.republish_qp(sa.qpn);
+    assert_eq!(take(&mut s.a), [(sa.qpn, QpState::Rts, 1, 0)]);
+    // Touched, then moved before the runtime took it.
+    s.a.post_recv(sa.qpn, &RecvWr::new(4, &[sge(&sa, 0, 4096)]))
+        .unwrap();
+    let moved = s.a.take_qp(sa.qpn).unwrap();
+    assert_eq!(take(&mut s.a), []);
+    s.a.adopt_qp(moved).unwrap();
+    assert_eq!(
+        take(&mut s.a),
+        [(sa.qpn, QpState::Rts, 1, 0)],
+        "the adopting engine hands the moved QP out"
+    );
+}

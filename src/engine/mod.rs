@@ -845,6 +845,10 @@ impl Engine {
         let mut qp = self.qps.remove(&qpn)?;
         self.ready.retain(|q| *q != qpn);
         self.touched_qps.retain(|q| *q != qpn);
+        // Off this engine's list, so off its flag too: the adopting engine's first
+        // `schedule` lists it again and hands its state out (left set, it never did).
+        qp.touched = false;
+        qp.published = None;
         qp.in_ready = false;
         qp.timer_at = None;
         for cq in [qp.send_cq, qp.recv_cq] {
@@ -986,14 +990,31 @@ impl Engine {
         s
     }
 
-    /// Calls `f(qpn, state, send WQEs finished, receive WQEs finished)` for each QP that
-    /// may have changed since the last call: how a threaded runtime mirrors queue
-    /// occupancy and state without scanning every QP.
+    /// Calls `f(qpn, state, send WQEs finished, receive WQEs finished)` for each QP whose
+    /// figures changed since it was last handed out: how a threaded runtime mirrors
+    /// queue occupancy and state without scanning every QP, nor touching the mirror of
+    /// a QP that only took an ACK.
     pub fn take_touched_qps(&mut self, mut f: impl FnMut(u32, QpState, u64, u64)) {
         for qpn in self.touched_qps.drain(..) {
             if let Some(q) = self.qps.get_mut(&qpn) {
                 q.touched = false;
-                f(qpn, q.state, q.req.done, q.resp.done);
+                let now = (q.state, q.req.done, q.resp.done);
+                if q.published != Some(now) {
+                    q.published = Some(now);
+                    f(qpn, now.0, now.1, now.2);
+                }
+            }
+        }
+    }
+
+    /// Hands QP `qpn` out at the next `take_touched_qps` even if its figures did not
+    /// change (the runtime refused WRs, which its mirror counts beside the engine's).
+    pub fn republish_qp(&mut self, qpn: u32) {
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.published = None;
+            if !q.touched {
+                q.touched = true;
+                self.touched_qps.push(qpn);
             }
         }
     }

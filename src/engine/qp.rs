@@ -146,6 +146,10 @@ pub(crate) struct Qp {
     pub comm_est: bool,
     /// On the engine's list of QPs that may have changed.
     pub touched: bool,
+    /// (state, send WQEs done, receive WQEs done) as `take_touched_qps` last handed
+    /// them out: a QP touched by a turn that changed none of them (an ACK that
+    /// completes nothing, a retransmission) is not handed out again.
+    pub published: Option<(QpState, u64, u64)>,
 }
 
 impl Qp {
@@ -172,6 +176,7 @@ impl Qp {
             timer_at: None,
             comm_est: false,
             touched: false,
+            published: None,
         }
     }
 

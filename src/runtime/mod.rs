@@ -1758,7 +1758,11 @@ impl Drop for Device {
     }
 }
 
+/// A map keyed by a QPN, CQ or SRQ handle: small integers, looked up per delivered
+/// batch, so the engine's multiplicative hasher rather than SipHash.
+pub(crate) type HandleMap<V> =
+    HashMap<u32, V, std::hash::BuildHasherDefault<crate::engine::QpnHasher>>;
 /// Engine-thread-side registries, passed to control calls.
-pub(crate) type QpRegistry = HashMap<u32, (Arc<QpShared>, u64, u64)>;
+pub(crate) type QpRegistry = HandleMap<(Arc<QpShared>, u64, u64)>;
 /// SRQ -> (shared state, receive WRs refused).
-pub(crate) type SrqRegistry = HashMap<u32, (Arc<SrqShared>, u64)>;
+pub(crate) type SrqRegistry = HandleMap<(Arc<SrqShared>, u64)>;

@@ -14,7 +14,7 @@
 //! binaries interleaved; a raw AF_XDP echo took 4-8 us).
 
 use super::{
-    Cmd, CqShared, DeviceInfo, EventSink, LinkKind, QpRegistry, RuntimeConfig, SRQ_BELL,
+    Cmd, CqShared, DeviceInfo, EventSink, HandleMap, LinkKind, QpRegistry, RuntimeConfig, SRQ_BELL,
     SrqRegistry,
 };
 use crate::capture::Writer;
@@ -48,7 +48,7 @@ const MIN_SLEEP: Duration = Duration::from_micros(20);
 /// What control calls see on the engine thread.
 pub(crate) struct Locals {
     pub engine: Engine,
-    pub cqs: HashMap<u32, Arc<CqShared>>,
+    pub cqs: HandleMap<Arc<CqShared>>,
     /// QP -> (shared state, send WRs refused, receive WRs refused).
     pub qps: QpRegistry,
     /// SRQ -> (shared state, receive WRs refused).
@@ -886,9 +886,9 @@ fn shard_loop(
     let path: SharedPath = Arc::new(Mutex::new(Some(DataPath {
         l: Locals {
             engine,
-            cqs: HashMap::new(),
-            qps: HashMap::new(),
-            srqs: HashMap::new(),
+            cqs: HandleMap::default(),
+            qps: HandleMap::default(),
+            srqs: HandleMap::default(),
             stop: false,
             me,
             set: set.clone(),
@@ -1226,6 +1226,8 @@ impl Bells<'_> {
         {
             x.1 += sref;
             x.2 += rref;
+            // The mirror adds these to the engine's counts, which did not move.
+            self.engine.republish_qp(qpn);
         }
     }
 
