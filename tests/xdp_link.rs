@@ -1597,6 +1597,7 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
             assert_eq!(p["frame_bytes"].as_u64(), Some(frame), "{mtu}/{size}");
             assert_eq!(p["frames_per_msg"].as_u64(), Some(size.div_ceil(mtu)));
             assert!(p["raw_pps"][0].as_f64().unwrap() > 0.0);
+            assert!(p["raw_read_pps"][0].as_f64().unwrap() > 0.0);
             assert!(p["udp_pps"][0].as_f64().unwrap() > 0.0);
             assert_eq!(p["udp_payload"].as_u64(), Some(size.min(mtu)));
             for op in ["WRITE", "READ", "SEND"] {
@@ -1610,6 +1611,7 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
                 let want = rate * size as f64 * 8.0 / 1e9;
                 assert!((gbps - want).abs() <= want * 1e-6, "{mtu}/{size} {op}: {f}");
                 assert!(f["ratio_to_raw"].as_f64().unwrap() > 0.0);
+                assert!(f["ratio_to_raw_read"].as_f64().unwrap() > 0.0);
                 assert!(f["ratio_to_udp"].as_f64().unwrap() > 0.0);
             }
         }
@@ -1684,9 +1686,17 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
     }
     assert_eq!(j["udp_link"]["engine_link"], "udp");
     let h = j["headlines"].as_array().unwrap();
-    // 64 KiB W/R/S at two MTUs, 64 B W/R/S, three round trips over the kernel's UDP
-    // and two over the raw AF_XDP echo, one UDP-link goodput, two loss rates, 1000 QPs.
-    assert_eq!(h.len(), 6 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
+    // 64 KiB W/R/S at two MTUs against both raw ceilings, 64 B W/R/S, three round
+    // trips over the kernel's UDP and two over the raw AF_XDP echo, one UDP-link
+    // goodput, two loss rates, 1000 QPs.
+    assert_eq!(h.len(), 6 + 6 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
+    assert_eq!(
+        h.iter()
+            .filter(|x| x["over"] == "raw frames, receiver reading")
+            .count(),
+        6,
+        "{h:?}"
+    );
     for x in h {
         assert!(x["ratio"].as_f64().unwrap() > 0.0, "{x}");
         assert_eq!(x["met"].is_boolean(), !x["target"].is_null(), "{x}");
@@ -1738,6 +1748,10 @@ fn bench_send_prints_one_test_as_perftest_does() {
         "{row}"
     );
     assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
+    assert!(
+        text.contains("raw AF_XDP, receiver reading each frame (CRC pass and copy)"),
+        "{text}"
+    );
     if roce_xdp::host::allowed_cpus().len() >= 2 {
         assert!(text.contains("sides pinned: A's engine"), "{text}");
     }

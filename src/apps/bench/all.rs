@@ -94,6 +94,20 @@ impl AllReport {
                 }
             }
         }
+        // The same figures against a receiver that reads every frame: no target, the
+        // part of the gap that is not the least a receiver must do.
+        for row in &self.goodput.rows {
+            for p in row.points.iter().filter(|p| p.size == 65536) {
+                for (op, _) in &p.ops {
+                    push(
+                        format!("64 KiB {} goodput, IB MTU {}", op.name(), row.mtu.bytes()),
+                        "raw frames, receiver reading",
+                        p.read_ratio(*op),
+                        Target::None,
+                    );
+                }
+            }
+        }
         for row in self.goodput.rows.iter().filter(|r| r.mtu == Mtu::Mtu1024) {
             for p in row.points.iter().filter(|p| p.size == 64) {
                 for (op, _) in &p.ops {

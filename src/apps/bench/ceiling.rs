@@ -252,9 +252,29 @@ pub(super) fn raw_frame_from(
     Ok(f)
 }
 
+/// What the raw receiver does with each frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RawRx {
+    /// Counts it and hands it back: the rings' own rate.
+    Count,
+    /// Reads it as an engine must: one CRC-32 pass over the frame (the ICRC's cost)
+    /// and a copy of it into a 4 MiB buffer (the payload's copy into registered
+    /// memory), wrapping around. A ceiling for a receiver that touches every byte.
+    Read,
+}
+
+/// Bytes the reading receiver copies into before it wraps around (larger than the
+/// caches, as registered memory usually is).
+const READ_BUF: usize = 4 << 20;
+
 /// Sends `count` copies of `frame` from A's AF_XDP link as fast as the rings take them
 /// and counts what B's link receives: frames per second from B's first to its last.
 pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
+    raw_rate_rx(pair, frame, count, RawRx::Count)
+}
+
+/// As [`raw_rate`], with B's receiver doing `rx` with each frame.
+pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> Result<f64, String> {
     let open = |side: usize, ns: String, ifname: String, ip: Ipv4Addr| {
         move || -> Result<XdpLink, String> {
             super::pin_side(side);
@@ -275,7 +295,26 @@ pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, Str
                 return Err(e);
             }
         };
-        super::count_arrivals(count, || Ok(link.recv(256, &mut |_| {}) as u64))
+        match rx {
+            RawRx::Count => super::count_arrivals(count, || Ok(link.recv(256, &mut |_| {}) as u64)),
+            RawRx::Read => {
+                let mut buf = vec![0u8; READ_BUF];
+                let (mut at, mut sum) = (0usize, 0u32);
+                let r = super::count_arrivals(count, || {
+                    Ok(link.recv(256, &mut |f| {
+                        sum ^= crc32fast::hash(f);
+                        if at + f.len() > buf.len() {
+                            at = 0;
+                        }
+                        buf[at..at + f.len()].copy_from_slice(f);
+                        at += f.len();
+                    }) as u64)
+                });
+                // Used, so neither the pass nor the copy is optimised away.
+                std::hint::black_box((sum, &buf));
+                r
+            }
+        }
     });
     ready_rx
         .recv()

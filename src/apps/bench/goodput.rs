@@ -7,6 +7,10 @@
 //! costs nothing over the rings. For messages that fit one frame it is also the message
 //! rate over the raw frame rate (issue 11: 64 B message rate >= 0.80).
 //!
+//! A second raw ceiling has a receiver that reads each frame (one CRC-32 pass and a
+//! copy into a 4 MiB buffer): the least any engine does with a frame it takes, so
+//! `/read` shows how much of the gap to the rings is RoCE work beyond that.
+//!
 //! The raw frame is a WRITE ONLY with its RETH (or a full WRITE MIDDLE): a SEND ONLY is
 //! 16 bytes shorter and a READ response ONLY 12, which changes little at these rates.
 //!
@@ -14,7 +18,7 @@
 //! `ib_*_bw` prints its result, with the raw ceiling beside it.
 
 use super::super::workload::Stream;
-use super::ceiling::{raw_frame, raw_rate};
+use super::ceiling::{RawRx, raw_frame, raw_rate, raw_rate_rx};
 use super::udp::udp_rate;
 use super::{BenchLink, median};
 use crate::netns::Pair;
@@ -105,6 +109,9 @@ pub struct GoodputPoint {
     pub depth: usize,
     /// Raw frames per second the receiver took, per repetition.
     pub raw_pps: Vec<f64>,
+    /// The same with a receiver that reads each frame (a CRC pass and a copy, what
+    /// an engine must do at least), per repetition.
+    pub raw_read_pps: Vec<f64>,
     /// Kernel UDP datagrams (`sendmmsg`/`recvmmsg`) of the same payload per second the
     /// receiver took, per repetition.
     pub udp_pps: Vec<f64>,
@@ -151,6 +158,11 @@ impl GoodputPoint {
     /// Median over repetitions of RC frames/s over raw frames/s in the same repetition.
     pub fn ratio(&self, op: Stream) -> f64 {
         self.rep_ratio(op, &self.raw_pps, self.frames_per_msg as f64)
+    }
+
+    /// Median over repetitions of RC frames/s over the reading receiver's raw frames/s.
+    pub fn read_ratio(&self, op: Stream) -> f64 {
+        self.rep_ratio(op, &self.raw_read_pps, self.frames_per_msg as f64)
     }
 
     /// Median over repetitions of RC goodput over kernel UDP goodput in the same
@@ -202,29 +214,34 @@ impl GoodputReport {
         for row in &self.rows {
             s.push_str(&format!("\nIB MTU {}; {}\n", row.mtu.bytes(), row.link));
             s.push_str(&format!(
-                "{:>8} {:>6} {:>5} {:>9} {:>8} {:>8}",
-                "size", "frame", "depth", "raw Mpps", "raw Gb/s", "UDP Gb/s"
+                "{:>8} {:>6} {:>5} {:>9} {:>8} {:>9} {:>8}",
+                "size", "frame", "depth", "raw Mpps", "raw Gb/s", "read Mpps", "UDP Gb/s"
             ));
             for &op in &self.opts.ops {
-                s.push_str(&format!(" | {:>5} Gb/s  Kmsg/s  /raw  /UDP", op.name()));
+                s.push_str(&format!(
+                    " | {:>5} Gb/s  Kmsg/s  /raw  /read  /UDP",
+                    op.name()
+                ));
             }
             s.push('\n');
             for p in &row.points {
                 s.push_str(&format!(
-                    "{:>8} {:>6} {:>5} {:>9.3} {:>8.2} {:>8.2}",
+                    "{:>8} {:>6} {:>5} {:>9.3} {:>8.2} {:>9.3} {:>8.2}",
                     size_name(p.size),
                     p.frame_bytes,
                     p.depth,
                     median(p.raw_pps.clone()) / 1e6,
                     p.raw_gbps(),
+                    median(p.raw_read_pps.clone()) / 1e6,
                     p.udp_gbps()
                 ));
                 for &op in &self.opts.ops {
                     s.push_str(&format!(
-                        " | {:>10.2}  {:>6.1}  {:>4.2}  {:>4.2}",
+                        " | {:>10.2}  {:>6.1}  {:>4.2}  {:>5.2}  {:>4.2}",
                         p.gbps(op),
                         p.msg_rate(op) / 1e3,
                         p.ratio(op),
+                        p.read_ratio(op),
                         p.udp_ratio(op)
                     ));
                 }
@@ -234,6 +251,8 @@ impl GoodputReport {
         s.push_str(
             "\n/raw: RC frames per second over raw frames per second of the same size in the same \
              repetition (1.00 = the rings' own rate)\n\
+             read Mpps, /read: the same frames to a receiver that reads each one (a CRC-32 pass \
+             and a copy into a 4 MiB buffer), the least an engine does with a frame\n\
              /UDP: RC goodput over the kernel's UDP sockets (sendmmsg/recvmmsg, 64 per call) \
              carrying datagrams of one frame's payload in the same repetition\n",
         );
@@ -284,6 +303,8 @@ impl GoodputReport {
                     s.push_str(&format!(
                         " raw AF_XDP, {}-byte frames: {:.3} Mpps ({:.2} Gb/sec of this payload); \
                          {} / raw = {:.2}\n\
+                         \x20raw AF_XDP, receiver reading each frame (CRC pass and copy): {:.3} Mpps; \
+                         {} / read = {:.2}\n\
                          \x20kernel UDP, {}-byte datagrams (sendmmsg/recvmmsg): {:.2} Gb/sec; \
                          {} / UDP = {:.2}\n",
                         p.frame_bytes,
@@ -291,6 +312,9 @@ impl GoodputReport {
                         p.raw_gbps(),
                         op.name(),
                         p.ratio(op),
+                        median(p.raw_read_pps.clone()) / 1e6,
+                        op.name(),
+                        p.read_ratio(op),
                         p.payload_per_frame,
                         p.udp_gbps(),
                         op.name(),
@@ -338,6 +362,7 @@ impl super::BenchReport for GoodputReport {
                     "depth": p.depth,
                     "raw_pps": p.raw_pps,
                     "raw_gbps": p.raw_gbps(),
+                    "raw_read_pps": p.raw_read_pps,
                     "udp_payload": p.payload_per_frame,
                     "udp_pps": p.udp_pps,
                     "udp_gbps": p.udp_gbps(),
@@ -347,6 +372,7 @@ impl super::BenchReport for GoodputReport {
                         "median_gbps": p.gbps(*op),
                         "median_msg_rate": p.msg_rate(*op),
                         "ratio_to_raw": p.ratio(*op),
+                        "ratio_to_raw_read": p.read_ratio(*op),
                         "ratio_to_udp": p.udp_ratio(*op),
                         "acks_per_msg": f.acks_per_msg,
                     }))).collect::<serde_json::Map<_, _>>(),
@@ -401,6 +427,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 frames_per_msg: size.div_ceil(m) as u64,
                 depth: o.depth_for(size),
                 raw_pps: Vec::new(),
+                raw_read_pps: Vec::new(),
                 udp_pps: Vec::new(),
                 ops: o.ops.iter().map(|&op| (op, OpFigures::default())).collect(),
                 payload_per_frame: size.min(m),
@@ -417,6 +444,8 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         for rep in 0..o.reps {
             for (p, f) in points.iter_mut().zip(&frames) {
                 p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
+                p.raw_read_pps
+                    .push(raw_rate_rx(&pair, f, o.raw_frames, RawRx::Read)?);
                 p.udp_pps
                     .push(udp_rate(&pair, p.payload_per_frame, o.raw_frames)?.0);
             }
@@ -424,10 +453,11 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             link = a.dev.info().link.clone();
             for p in points.iter_mut() {
                 let mut line = format!(
-                    "  rep {} {}: raw {:.3} Mpps, UDP {:.3} Mpps",
+                    "  rep {} {}: raw {:.3} Mpps, reading {:.3}, UDP {:.3} Mpps",
                     rep + 1,
                     size_name(p.size),
                     p.raw_pps[rep] / 1e6,
+                    p.raw_read_pps[rep] / 1e6,
                     p.udp_pps[rep] / 1e6
                 );
                 for (op, figs) in p.ops.iter_mut() {
