@@ -231,7 +231,7 @@ struct GoodputArgs {
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Raw frames per measurement.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 100_000)]
     frames: u64,
     /// Messages in flight (default: by size, 4 MiB in flight, 4 to 128 messages).
     #[arg(short = 't', long)]

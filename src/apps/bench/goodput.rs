@@ -60,7 +60,7 @@ impl Default for GoodputOpts {
             mtus: vec![Mtu::Mtu1024, Mtu::Mtu4096],
             stream: Duration::from_millis(250),
             reps: 3,
-            raw_frames: 200_000,
+            raw_frames: 100_000,
             depth: None,
             perftest_style: false,
             busy_poll: false,
