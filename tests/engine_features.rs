@@ -1200,3 +1200,68 @@ fn touched_qps_report_changes_once_and_follow_a_moved_qp() {
         "the adopting engine hands the moved QP out"
     );
 }
+
+/// Back-to-back small messages ask for an ACK every ACK_REQ_ENDS (16) packets and at
+/// the last one queued, not at every message's end (ACKs are cumulative); a message
+/// whose successor waits for it to complete (here a LOCAL_INV) still asks, or it would
+/// complete only when a timer sent it again.
+#[test]
+fn back_to_back_messages_share_acks_and_a_waited_for_one_still_asks() {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let (a, b, sa, sb) = connected(QpType::Rc, Mtu::Mtu1024, 1 << 20, 10, 20, 43);
+    let mut s = sim(a, b, clean(), clean(), 43);
+    // (PSN, AckReq) of every request A sends.
+    let seen: Rc<RefCell<Vec<(u32, bool)>>> = Rc::default();
+    let log = seen.clone();
+    s.link.filter = Some(Box::new(move |dir, f| {
+        if dir == 0
+            && let Ok(f) = Frame::parse(f)
+        {
+            let bth = f.roce().bth();
+            log.borrow_mut().push((bth.psn().value(), bth.ack_req()));
+        }
+        false
+    }));
+    for i in 0..64u64 {
+        s.a.post_send(
+            sa.qpn,
+            &SendWr::write(
+                i,
+                &[sge(&sa, 64 * i as usize, 64)],
+                sb.mr.addr + 64 * i,
+                sb.mr.rkey,
+            )
+            .with_flags(SendFlags::SIGNALED),
+        )
+        .unwrap();
+    }
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 1);
+    assert_eq!(wa.len(), 64);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    let asked: Vec<u32> = seen
+        .borrow()
+        .iter()
+        .filter(|(_, a)| *a)
+        .map(|(p, _)| *p)
+        .collect();
+    assert_eq!(seen.borrow().len(), 64, "no packet sent twice");
+    assert_eq!(*asked.last().unwrap(), 10 + 63, "the last one queued asks");
+    assert!(asked.len() <= 64 / 16 + 1, "AckReq at {asked:?}");
+    assert_eq!(s.a.counters().retransmitted_pkts, 0);
+    // A WRITE followed by a LOCAL_INV, which waits for it: the WRITE asks.
+    seen.borrow_mut().clear();
+    s.a.post_send(
+        sa.qpn,
+        &SendWr::write(100, &[sge(&sa, 0, 64)], sb.mr.addr, sb.mr.rkey)
+            .with_flags(SendFlags::SIGNALED),
+    )
+    .unwrap();
+    let mut inv = SendWr::send(101, &[]).with_opcode(WrOpcode::LocalInv);
+    inv.invalidate_rkey = sa.mr.lkey;
+    s.a.post_send(sa.qpn, &inv).unwrap();
+    let (wa, _) = drain(&mut s, sa.cq, sb.cq, 2);
+    assert_eq!(wa.len(), 2, "{wa:?}");
+    assert_eq!(*seen.borrow(), [(10 + 64, true)], "the WRITE asked, once");
+    assert_eq!(s.a.counters().retransmitted_pkts, 0);
+}
