@@ -608,6 +608,42 @@ impl InterfaceLock {
     }
 }
 
+/// The CPUs the calling thread may run on (its affinity mask), in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: `set` is a plain bit mask the kernel fills for this thread (pid 0); its
+    // size is passed with it, and CPU_ISSET reads only inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return Vec::new();
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu` (benchmarks put the two sides of a measurement on
+/// different cores, so neither steals the other's).
+pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(format!("CPU {cpu}: beyond the affinity mask's size"));
+    }
+    // SAFETY: as in `allowed_cpus`; the mask holds one bit inside its size.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "pinning a thread to CPU {cpu}: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,40 +692,4 @@ mod tests {
         drop(a);
         InterfaceLock::take(&what).unwrap();
     }
-}
-
-/// The CPUs the calling thread may run on (its affinity mask), in order.
-pub fn allowed_cpus() -> Vec<usize> {
-    // SAFETY: `set` is a plain bit mask the kernel fills for this thread (pid 0); its
-    // size is passed with it, and CPU_ISSET reads only inside it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
-}
-
-/// Pins the calling thread to `cpu` (benchmarks put the two sides of a measurement on
-/// different cores, so neither steals the other's).
-pub fn pin_to_cpu(cpu: usize) -> Result<(), String> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(format!("CPU {cpu}: beyond the affinity mask's size"));
-    }
-    // SAFETY: as in `allowed_cpus`; the mask holds one bit inside its size.
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!(
-            "pinning a thread to CPU {cpu}: {}",
-            io::Error::last_os_error()
-        ));
-    }
-    Ok(())
 }

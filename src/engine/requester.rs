@@ -1029,6 +1029,13 @@ pub(crate) const MIN_CWND: u32 = 32;
 /// took the median goodput there from 0.50 to 0.56 of lossless.
 pub(crate) const FAST_RTO_MIN_NS: u64 = 300_000;
 
+/// Packets a run of back-to-back messages may send before one of their last packets
+/// asks for an ACK again. rxe asks at every message's end, and a responder answers each
+/// receive batch it finds an AckReq in: for 64 B WRITEs at 128 in flight that was 0.24
+/// to 0.4 ACK frames per message, each costing both hosts a frame's ring and system-call
+/// work. Small against the window, so completions still come many times per window.
+pub(crate) const ACK_REQ_ENDS: u32 = 16;
+
 /// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
 pub(crate) fn timeout_ns(t: u8) -> u64 {
     4096u64 << u32::from(t.min(31))
@@ -1091,10 +1098,3 @@ mod window_tests {
         assert_eq!(r.window(128), 64);
     }
 }
-
-/// Packets a run of back-to-back messages may send before one of their last packets
-/// asks for an ACK again. rxe asks at every message's end, and a responder answers each
-/// receive batch it finds an AckReq in: for 64 B WRITEs at 128 in flight that was 0.24
-/// to 0.4 ACK frames per message, each costing both hosts a frame's ring and system-call
-/// work. Small against the window, so completions still come many times per window.
-pub(crate) const ACK_REQ_ENDS: u32 = 16;
