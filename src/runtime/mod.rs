@@ -43,6 +43,7 @@
 
 mod channel;
 pub mod faults;
+mod posted;
 mod worker;
 
 pub use channel::{CompChannel, FdQueue};
@@ -278,6 +279,24 @@ const RING_MAX: usize = 1024;
 
 /// Copies `v` into `ring`, waiting while the engine thread catches up (the ring is
 /// smaller than a deep queue); `Err` if the engine stopped.
+/// Pushes a posted WR onto its QP's ring, waking engine thread `k` and yielding while
+/// the ring is full; fails when the engine has stopped.
+fn push_posted<W: posted::Compact + Clone>(
+    ring: &posted::PostRing<W>,
+    wr: &W,
+    set: &worker::ShardSet,
+    k: usize,
+) -> Result<(), ()> {
+    ring.push(wr, || {
+        if set.stopped.load(Ordering::SeqCst) {
+            return false;
+        }
+        set.links[k].wake.ring();
+        std::thread::yield_now();
+        true
+    })
+}
+
 fn push_waiting<T>(
     ring: &ArrayQueue<T>,
     mut v: T,
@@ -742,8 +761,8 @@ pub(crate) struct QpShared {
     /// The QP's number is on its engine thread's doorbell queue.
     pub(crate) rung: CachePadded<AtomicBool>,
     /// Send and receive WRs posted and not yet taken by the engine thread.
-    pub(crate) sq_ring: ArrayQueue<SendWr>,
-    pub(crate) rq_ring: ArrayQueue<RecvWr>,
+    pub(crate) sq_ring: posted::PostRing<SendWr>,
+    pub(crate) rq_ring: posted::PostRing<RecvWr>,
 }
 
 fn state_of(v: u8) -> QpState {
@@ -849,7 +868,7 @@ impl Qp {
         let k = self.sh.shard.load(Ordering::SeqCst);
         // The one just claimed is the only one outstanding.
         let first = self.sq_used() == 1;
-        if push_waiting(&self.sh.sq_ring, *wr, &self.dev.set, k).is_err()
+        if push_posted(&self.sh.sq_ring, wr, &self.dev.set, k).is_err()
             || !self.dev.ring(k, &self.sh.rung, self.qpn, first)
         {
             return Err(stopped());
@@ -885,7 +904,7 @@ impl Qp {
             });
         }
         let k = self.sh.shard.load(Ordering::SeqCst);
-        if push_waiting(&self.sh.rq_ring, *wr, &self.dev.set, k).is_err()
+        if push_posted(&self.sh.rq_ring, wr, &self.dev.set, k).is_err()
             || !self.dev.ring(k, &self.sh.rung, self.qpn, false)
         {
             return Err(stopped());
@@ -1312,8 +1331,8 @@ impl Device {
                 rq_posted: CachePadded::new(AtomicU64::new(0)),
                 rq_done: CachePadded::new(AtomicU64::new(0)),
                 shard: AtomicUsize::new(0),
-                sq_ring: ArrayQueue::new((init.cap.max_send_wr as usize).clamp(1, RING_MAX)),
-                rq_ring: ArrayQueue::new(rq.clamp(1, RING_MAX)),
+                sq_ring: posted::PostRing::new((init.cap.max_send_wr as usize).clamp(1, RING_MAX)),
+                rq_ring: posted::PostRing::new(rq.clamp(1, RING_MAX)),
                 rung: CachePadded::new(AtomicBool::new(false)),
             });
             l.qps.insert(qpn, (sh.clone(), 0, 0));

@@ -1210,12 +1210,22 @@ impl Bells<'_> {
         sh.rung.swap(false, Ordering::SeqCst);
         let (mut sref, mut rref) = (0u64, 0u64);
         while let Some(wr) = sh.sq_ring.pop() {
+            let Some(wr) = wr else {
+                tracing::error!("QP 0x{qpn:06x}: a posted send WR is missing from its ring");
+                sref += 1;
+                continue;
+            };
             if let Err(e) = self.engine.post_send(qpn, &wr) {
                 tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
                 sref += 1;
             }
         }
         while let Some(wr) = sh.rq_ring.pop() {
+            let Some(wr) = wr else {
+                tracing::error!("QP 0x{qpn:06x}: a posted receive WR is missing from its ring");
+                rref += 1;
+                continue;
+            };
             if let Err(e) = self.engine.post_recv(qpn, &wr) {
                 tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
                 rref += 1;
