@@ -2,8 +2,8 @@
 //!
 //! A whole `SendWr` is 656 bytes (16 SGEs and 256 bytes of inline data in place) and a
 //! `RecvWr` 264, and a ring holds one per queue slot: 1000 QPs of 16-deep queues held
-//! 15 MiB of ring that the engine thread walked through cold (`bench qps`). Most WRs
-//! use one SGE and no inline data, so a ring slot holds a compact form of up to
+//! 14 MiB of ring per side, which the engine thread walked through cold (`bench qps`).
+//! Most WRs use one SGE and no inline data, so a ring slot holds a compact form of up to
 //! [`POSTED_SGES`] SGEs; a WR that does not fit waits whole in an overflow ring,
 //! allocated the first time one is posted, and its slot says to take it from there.
 //! A poster pushes the overflow WR and then its slot under a lock, so the slots that say
