@@ -16,6 +16,13 @@ use roce_xdp::verbs::*;
 use roce_xdp::wire::IpView;
 use std::net::IpAddr;
 
+/// A UDP-link device on `ip`, its engine in namespace `ns`.
+fn udp_in(ns: &Netns, ip: std::net::Ipv4Addr) -> RuntimeConfig {
+    let mut c = RuntimeConfig::udp(IpAddr::V4(ip));
+    c.netns = Some(ns.name.clone());
+    c
+}
+
 #[test]
 fn udp_link_and_af_xdp_interoperate_with_the_kernel_writing_id_0_and_df() {
     if !need_root() {
@@ -23,8 +30,7 @@ fn udp_link_and_af_xdp_interoperate_with_the_kernel_writing_id_0_and_df() {
     }
     let pair = Pair::new("rxu", 8, 1500).unwrap();
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
-    let mut ca = RuntimeConfig::udp(ip_a);
-    ca.netns = Some(pair.a.name.clone());
+    let ca = udp_in(&pair.a, pair.ip_a);
     let dir = std::env::temp_dir().join(format!("roce-udp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("b.pcap");
@@ -238,16 +244,14 @@ fn engine_threads_run_on_the_cpus_they_are_given() {
     }
     let allowed = roce_xdp::host::allowed_cpus();
     let pair = Pair::new("rxc", 28, 1500).unwrap();
-    let mut bad = RuntimeConfig::udp(IpAddr::V4(pair.ip_a));
-    bad.netns = Some(pair.a.name.clone());
+    let mut bad = udp_in(&pair.a, pair.ip_a);
     bad.cpus = vec![100_000];
     let e = Device::open(bad).err().expect("CPU 100000 was accepted");
     assert!(e.to_string().contains("CPU 100000"), "{e}");
     let Some(&cpu) = allowed.last() else {
         panic!("no CPU in the affinity mask")
     };
-    let mut c = RuntimeConfig::udp(IpAddr::V4(pair.ip_a));
-    c.netns = Some(pair.a.name.clone());
+    let mut c = udp_in(&pair.a, pair.ip_a);
     c.cpus = vec![cpu];
     let dev = Device::open(c).unwrap();
     // The engine threads of this process (other tests' engines run beside) and the
@@ -284,12 +288,16 @@ fn compact_and_overflowing_wrs_run_in_posting_order() {
     use std::time::Duration;
     let pair = Pair::new("rxq", 29, 1500).unwrap();
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
-    let mut ca = RuntimeConfig::udp(ip_a);
-    ca.netns = Some(pair.a.name.clone());
-    let mut cb = RuntimeConfig::udp(ip_b);
-    cb.netns = Some(pair.b.name.clone());
-    let a = end(Device::open(ca).unwrap(), QpType::Rc, 1 << 20);
-    let b = end(Device::open(cb).unwrap(), QpType::Rc, 1 << 20);
+    let a = end(
+        Device::open(udp_in(&pair.a, pair.ip_a)).unwrap(),
+        QpType::Rc,
+        1 << 20,
+    );
+    let b = end(
+        Device::open(udp_in(&pair.b, pair.ip_b)).unwrap(),
+        QpType::Rc,
+        1 << 20,
+    );
     join(&a, ip_a, &b, ip_b, 12);
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
     a.mem.write(0, &data).unwrap();

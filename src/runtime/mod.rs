@@ -223,16 +223,7 @@ impl RuntimeConfig {
 /// `--cpus=1.5` the caller and the engine thread still run on separate cores at once,
 /// which is what run-to-completion on one CPU assumes they never do.
 pub fn one_cpu() -> bool {
-    // SAFETY: `set` is a plain bit mask the kernel fills for this thread (pid 0); its
-    // size is passed with it.
-    let n = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return false;
-        }
-        libc::CPU_COUNT(&set)
-    };
-    n == 1
+    crate::host::allowed_cpus().len() == 1
 }
 
 /// Why the runtime could not start or answer.
@@ -277,45 +268,31 @@ pub(crate) const SRQ_BELL: u32 = 1 << 31;
 /// full): bounds the memory of deep queues to about 650 KiB of send WRs.
 const RING_MAX: usize = 1024;
 
-/// Copies `v` into `ring`, waiting while the engine thread catches up (the ring is
-/// smaller than a deep queue); `Err` if the engine stopped.
-/// Pushes a posted WR onto its QP's ring, waking engine thread `k` and yielding while
-/// the ring is full; fails when the engine has stopped.
+/// What a poster does while its ring is full: wakes engine thread `k` and gives the
+/// core away (the ring is smaller than a deep queue); false if the engine stopped.
+fn make_room(set: &worker::ShardSet, k: usize) -> bool {
+    if set.stopped.load(Ordering::SeqCst) {
+        return false;
+    }
+    set.links[k].wake.ring();
+    std::thread::yield_now();
+    true
+}
+
+/// Pushes a posted WR onto its QP's ring, waiting while the engine thread catches up;
+/// `Err` if the engine stopped.
 fn push_posted<W: posted::Compact + Clone>(
     ring: &posted::PostRing<W>,
     wr: &W,
     set: &worker::ShardSet,
     k: usize,
 ) -> Result<(), ()> {
-    ring.push(wr, || {
-        if set.stopped.load(Ordering::SeqCst) {
-            return false;
-        }
-        set.links[k].wake.ring();
-        std::thread::yield_now();
-        true
-    })
+    ring.push(wr, || make_room(set, k))
 }
 
-fn push_waiting<T>(
-    ring: &ArrayQueue<T>,
-    mut v: T,
-    set: &worker::ShardSet,
-    k: usize,
-) -> Result<(), ()> {
-    loop {
-        match ring.push(v) {
-            Ok(()) => return Ok(()),
-            Err(back) => {
-                if set.stopped.load(Ordering::SeqCst) {
-                    return Err(());
-                }
-                v = back;
-                set.links[k].wake.ring();
-                std::thread::yield_now();
-            }
-        }
-    }
+/// Copies `v` into `ring` (an SRQ's), waiting as [`push_posted`] does.
+fn push_waiting<T>(ring: &ArrayQueue<T>, v: T, set: &worker::ShardSet, k: usize) -> Result<(), ()> {
+    posted::push_until(ring, v, &mut || make_room(set, k))
 }
 
 /// The engine thread's wake-up line: an eventfd it polls while asleep.

@@ -187,7 +187,12 @@ impl<W: Compact> PostRing<W> {
     }
 }
 
-fn push_until<T>(q: &ArrayQueue<T>, mut v: T, full: &mut impl FnMut() -> bool) -> Result<(), ()> {
+/// Pushes `v` onto `q`, calling `full()` while it is full until it returns false.
+pub(crate) fn push_until<T>(
+    q: &ArrayQueue<T>,
+    mut v: T,
+    full: &mut impl FnMut() -> bool,
+) -> Result<(), ()> {
     loop {
         match q.push(v) {
             Ok(()) => return Ok(()),

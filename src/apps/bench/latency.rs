@@ -349,8 +349,8 @@ fn raw_pingpong(
 ) -> Result<Vec<Duration>, String> {
     let to_b = super::ceiling::raw_frame_from(pair, true, Mtu::Mtu1024, size)?;
     let to_a = super::ceiling::raw_frame_from(pair, false, Mtu::Mtu1024, size)?;
-    let open = |ns: &str, ip| -> Result<XdpLink, String> {
-        super::pin_side(if ns == pair.a.name { 0 } else { 1 });
+    let open = |side: usize, ns: &str, ip| -> Result<XdpLink, String> {
+        super::pin_side(side);
         crate::host::enter_netns(ns).map_err(|e| e.to_string())?;
         XdpLink::open(&pair.ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
     };
@@ -381,7 +381,7 @@ fn raw_pingpong(
     let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
     std::thread::scope(|sc| {
         let echo = sc.spawn(|| -> Result<(), String> {
-            let mut link = match open(&pair.b.name, pair.ip_b) {
+            let mut link = match open(1, &pair.b.name, pair.ip_b) {
                 Ok(l) => {
                     let _ = ready_tx.send(Ok(()));
                     l
@@ -401,7 +401,7 @@ fn raw_pingpong(
             ready_rx
                 .recv()
                 .map_err(|_| "the raw echo ended".to_string())??;
-            let mut link = open(&pair.a.name, pair.ip_a)?;
+            let mut link = open(0, &pair.a.name, pair.ip_a)?;
             let mut rtts = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let t = Instant::now();
