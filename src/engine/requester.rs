@@ -229,10 +229,14 @@ impl Requester {
     }
 
     pub fn deadline(&self) -> Option<Time> {
-        [self.timer, self.rnr_until, self.fast_timer]
-            .into_iter()
-            .flatten()
-            .min()
+        // Pairwise, not `[..].into_iter().flatten().min()`: that builds the array on
+        // the stack and reads it back in wider loads than it wrote, a store-forwarding
+        // stall that cost 5-6% of the engine-alone benchmark (perf annotate).
+        let earliest = |a: Option<Time>, b: Option<Time>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        earliest(earliest(self.timer, self.rnr_until), self.fast_timer)
     }
 
     /// Takes one round-trip sample (RFC 6298 2.2 and 2.3).

@@ -39,6 +39,7 @@ impl Default for SgList {
 
 impl SgList {
     /// A list of the given entries; `None` if there are more than [`MAX_SGE`].
+    #[inline]
     pub fn new(sges: &[Sge]) -> Option<SgList> {
         if sges.len() > MAX_SGE {
             return None;
@@ -232,6 +233,7 @@ impl SendWr {
         self.bind = bind;
     }
 
+    #[inline]
     fn base(wr_id: u64, opcode: WrOpcode, sges: &[Sge]) -> SendWr {
         SendWr {
             wr_id,
@@ -250,10 +252,12 @@ impl SendWr {
         }
     }
     /// A signaled SEND of `sges`.
+    #[inline]
     pub fn send(wr_id: u64, sges: &[Sge]) -> SendWr {
         Self::base(wr_id, WrOpcode::Send, sges)
     }
     /// A signaled RDMA WRITE of `sges` to `remote_addr` in the region of `rkey`.
+    #[inline]
     pub fn write(wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: u32) -> SendWr {
         SendWr {
             remote_addr,
@@ -269,6 +273,7 @@ impl SendWr {
         }
     }
     /// A signaled RDMA READ into `sges` from `remote_addr` in the region of `rkey`.
+    #[inline]
     pub fn read(wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: u32) -> SendWr {
         SendWr {
             remote_addr,
@@ -308,6 +313,7 @@ impl SendWr {
         self.opcode = op;
         self
     }
+    #[inline]
     pub fn with_imm(mut self, imm: u32) -> SendWr {
         self.imm_data = imm;
         self.opcode = match self.opcode {
@@ -317,6 +323,7 @@ impl SendWr {
         };
         self
     }
+    #[inline]
     pub fn with_flags(mut self, f: SendFlags) -> SendWr {
         self.send_flags = f;
         self
@@ -348,6 +355,7 @@ pub struct RecvWr {
 }
 
 impl RecvWr {
+    #[inline]
     pub fn new(wr_id: u64, sges: &[Sge]) -> RecvWr {
         RecvWr {
             wr_id,
