@@ -392,6 +392,11 @@ pub struct FrameTemplate {
     l3: usize,
     l4: usize,
     v6: Option<([u8; 16], [u8; 16])>,
+    /// IPv4: the ones'-complement sum of the header with its total length, ID and
+    /// checksum zero. `emit` adds the two per-packet fields to it (RFC 1624) instead of
+    /// summing the header it has just copied, which read back freshly stored bytes in
+    /// wider loads (a store-forwarding stall: 2-3% of the engine-alone benchmark).
+    v4_sum: u16,
 }
 
 impl FrameTemplate {
@@ -410,7 +415,19 @@ impl FrameTemplate {
             IpRepr::V6(h) => Some((h.src.octets(), h.dst.octets())),
             IpRepr::V4(_) => None,
         };
-        Ok(FrameTemplate { bytes, l3, l4, v6 })
+        let mut h = [0u8; 60];
+        let hl = l4 - l3;
+        h[..hl].copy_from_slice(&bytes[l3..l4]);
+        h[2..6].fill(0);
+        h[10..12].fill(0);
+        let v4_sum = ones_sum(&h[..hl]);
+        Ok(FrameTemplate {
+            bytes,
+            l3,
+            l4,
+            v6,
+            v4_sum,
+        })
     }
 
     /// Length of the Ethernet, IP and UDP headers.
@@ -460,8 +477,7 @@ impl FrameTemplate {
             let ip_total = (l4 - l3 + udp_len) as u16;
             buf[l3 + 2..l3 + 4].copy_from_slice(&ip_total.to_be_bytes());
             buf[l3 + 4..l3 + 6].copy_from_slice(&ip_id.to_be_bytes());
-            buf[l3 + 10..l3 + 12].fill(0);
-            let c = !ones_sum(&buf[l3..l4]);
+            let c = !fold(u64::from(self.v4_sum) + u64::from(ip_total) + u64::from(ip_id));
             buf[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
         }
         fill(&mut buf[payload_off..payload_off + payload_len]);
@@ -484,6 +500,12 @@ fn ones_sum(b: &[u8]) -> u16 {
     for w in b.chunks_exact(4) {
         sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
+    fold(sum)
+}
+
+/// Folds a sum of 16- or 32-bit words into a 16-bit ones'-complement sum.
+#[inline]
+fn fold(mut sum: u64) -> u16 {
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -676,5 +698,42 @@ mod tests {
         assert_eq!(f.roce().payload().len(), 1024);
         assert_eq!(f.roce().payload()[255], 255);
         assert_eq!(f.roce().reth().unwrap().dma_len(), 4096);
+    }
+
+    proptest::proptest! {
+        /// A template patches only the lengths, ID and checksum per packet; the IPv4
+        /// checksum it derives from the precomputed sum must be the header's real one for
+        /// any addresses, DSCP/ECN, TTL, options, ID and length.
+        #[test]
+        fn template_ipv4_checksums_are_the_headers_own(
+            src in proptest::prelude::any::<u32>(),
+            dst in proptest::prelude::any::<u32>(),
+            dscp in 0u8..64,
+            ecn in 0u8..4,
+            ttl in proptest::prelude::any::<u8>(),
+            df in proptest::prelude::any::<bool>(),
+            words in 0usize..=10,
+            id in proptest::prelude::any::<u16>(),
+            len in 0usize..=4096,
+        ) {
+            let mut r = repr_v4(&[]);
+            let IpRepr::V4(ref mut h) = r.ip else { unreachable!() };
+            h.src = Ipv4Addr::from(src);
+            h.dst = Ipv4Addr::from(dst);
+            (h.dscp, h.ecn, h.ttl, h.dont_fragment) = (dscp, ecn, ttl, df);
+            let opts: Vec<u8> = (0..words * 4).map(|i| if i + 1 == words * 4 { 0 } else { 1 }).collect();
+            h.options = etherparse::Ipv4Options::try_from(&opts[..]).unwrap();
+            let t = FrameTemplate::new(&r.eth, &r.ip, &r.udp).unwrap();
+            let mut buf = vec![0u8; 9000];
+            let n = t.emit(&mut buf, id, &r.roce, len, |d| d.fill(0xa5)).unwrap();
+            let f = Frame::parse(&buf[..n]).unwrap();
+            proptest::prop_assert!(f.verify().is_ok());
+            let ip = etherparse::Ipv4HeaderSlice::from_slice(&buf[14..]).unwrap();
+            proptest::prop_assert_eq!(ip.identification(), id);
+            proptest::prop_assert_eq!(
+                ip.header_checksum(),
+                ip.to_header().calc_header_checksum()
+            );
+        }
     }
 }
