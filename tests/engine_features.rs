@@ -1265,3 +1265,64 @@ fn back_to_back_messages_share_acks_and_a_waited_for_one_still_asks() {
     assert_eq!(*seen.borrow(), [(10 + 64, true)], "the WRITE asked, once");
     assert_eq!(s.a.counters().retransmitted_pkts, 0);
 }
+
+#[test]
+fn busy_qps_send_in_short_bursts_round_robin() {
+    use roce_xdp::engine::TX_BURST;
+    let (mut a, mut b) = pair(Mtu::Mtu1024, 21);
+    let mut pairs = vec![];
+    for i in 0..3u32 {
+        let sa = side(&mut a, QpType::Rc, 64 * 1024, 64);
+        let sb = side(&mut b, QpType::Rc, 64 * 1024, 64);
+        let psn = 100 * i;
+        connect(
+            &mut a,
+            sa.qpn,
+            QpType::Rc,
+            sb.qpn,
+            IP_B,
+            Mtu::Mtu1024,
+            psn,
+            psn,
+            |_| {},
+        );
+        connect(
+            &mut b,
+            sb.qpn,
+            QpType::Rc,
+            sa.qpn,
+            IP_A,
+            Mtu::Mtu1024,
+            psn,
+            psn,
+            |_| {},
+        );
+        pairs.push((sa, sb));
+    }
+    // Each QP has a 32-packet WRITE to send.
+    for (sa, sb) in &pairs {
+        let wr = SendWr::write(1, &[sge(sa, 0, 32 * 1024)], sb.mr.addr, sb.mr.rkey);
+        a.post_send(sa.qpn, &wr).unwrap();
+    }
+    let mut buf = vec![0u8; 9216];
+    let mut order = vec![];
+    while order.len() < 96 {
+        let Some(n) = a.poll_transmit(Time(0), &mut buf) else {
+            break;
+        };
+        let f = Frame::parse(&buf[..n]).unwrap();
+        order.push(f.roce().bth().dest_qp());
+    }
+    assert_eq!(order.len(), 96, "every packet of the three WRITEs went out");
+    // Runs of TX_BURST frames of one QP, the QPs taking turns in posting order.
+    let runs: Vec<(u32, usize)> = order
+        .chunk_by(|x, y| x == y)
+        .map(|r| (r[0], r.len()))
+        .collect();
+    let burst = TX_BURST as usize;
+    assert_eq!(runs.len(), 96 / burst, "{runs:?}");
+    for (i, &(qpn, len)) in runs.iter().enumerate() {
+        assert_eq!(len, burst, "{runs:?}");
+        assert_eq!(qpn, pairs[i % 3].1.qpn, "{runs:?}");
+    }
+}

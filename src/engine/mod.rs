@@ -53,6 +53,12 @@ pub(crate) fn vid_of(f: &Frame<'_>) -> Option<u16> {
 /// The lowest QPN handed out, as rxe's (QP1 takes the pool index before it).
 pub const FIRST_QPN: u32 = 0x11;
 
+/// Frames one QP may send in a row before the next ready QP's turn. Round-robin per
+/// frame touched a different QP's state for every frame when many QPs were busy (cold
+/// on both engines); a short burst keeps it warm, and at IB MTU 1024 eight frames are
+/// 8 KiB, so no QP waits behind another for long.
+pub const TX_BURST: u32 = 8;
+
 /// Where an engine starts numbering its QPs: drawn from its seed, so that a process
 /// that restarts (after a crash, without a DREQ) does not come back with the QPNs its
 /// peers' CMs still hold in a connection; those would refuse its REQs as stale (REJ 10,
@@ -207,6 +213,8 @@ pub struct Engine {
     next_qpn: u32,
     /// QPs that may have a frame to send, in round-robin order.
     ready: VecDeque<u32>,
+    /// Frames the QP at the front of `ready` has sent in a row ([`TX_BURST`]).
+    burst: u32,
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     now: Time,
     /// QPs whose queues or state may have changed since `take_touched_qps`.
@@ -243,6 +251,7 @@ impl Engine {
             qps: QpMap::default(),
             next_qpn,
             ready: VecDeque::new(),
+            burst: 0,
             timers: BinaryHeap::new(),
             now: Time::ZERO,
             touched_qps: Vec::new(),
@@ -1190,7 +1199,15 @@ impl Engine {
                 .or_else(|| qp.next_request(&mut self.ctx, now, buf));
             if n.is_some() && qp.wants_tx(now) {
                 qp.in_ready = true;
-                self.ready.push_back(qpn);
+                self.burst += 1;
+                if self.burst < TX_BURST {
+                    self.ready.push_front(qpn);
+                } else {
+                    self.burst = 0;
+                    self.ready.push_back(qpn);
+                }
+            } else {
+                self.burst = 0;
             }
             if let Some(d) = qp.deadline()
                 && qp.timer_at.is_none_or(|t| d < t)
