@@ -249,6 +249,9 @@ impl SimLink {
         let copy = if self.rng.chance(cfg.duplicate) {
             self.dirs[dir].stats.duplicated += 1;
             let mut c = self.buffer();
+            if c.len() < len {
+                c.resize(len, 0);
+            }
             c[..len].copy_from_slice(&buf[..len]);
             Some(c)
         } else {
