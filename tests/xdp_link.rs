@@ -1583,6 +1583,13 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
     assert_eq!(mtus, [1024, 4096]);
     for r in rows {
         let mtu = r["ib_mtu"].as_u64().unwrap();
+        // READs outstanding are the devices' limit, as perftest's default `-o`.
+        assert_eq!(
+            r["out_reads"].as_u64(),
+            Some(u64::from(
+                roce_xdp::verbs::DeviceLimits::default().max_qp_rd_atom
+            ))
+        );
         let sizes = r["sizes"].as_array().unwrap();
         let got: Vec<_> = sizes.iter().map(|p| p["size"].as_u64().unwrap()).collect();
         assert_eq!(got, [64, 65536]);

@@ -186,6 +186,8 @@ impl GoodputPoint {
 pub struct GoodputRow {
     pub mtu: Mtu,
     pub link: String,
+    /// READs each QP kept outstanding (the devices' `max_qp_rd_atom`).
+    pub out_reads: u8,
     pub points: Vec<GoodputPoint>,
 }
 
@@ -271,13 +273,19 @@ impl GoodputReport {
                      \x20Connection type : RC\t\tLink : {}\n\
                      \x20Mtu             : {}[B]\n\
                      \x20Duration        : {:.2} s per repetition, {} repetition(s)\n\
+                     {}\
                      ---------------------------------------------------------------------------------------\n\
                      \x20#bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n",
                     op.name(),
                     row.link,
                     row.mtu.bytes(),
                     self.opts.stream.as_secs_f64(),
-                    self.opts.reps
+                    self.opts.reps,
+                    if op == Stream::Read {
+                        format!(" Outstand reads  : {}\n", row.out_reads)
+                    } else {
+                        String::new()
+                    }
                 ));
                 for p in &row.points {
                     let Some(f) = p.figures(op) else { continue };
@@ -355,6 +363,7 @@ impl super::BenchReport for GoodputReport {
             "mtus": self.rows.iter().map(|row| serde_json::json!({
                 "ib_mtu": row.mtu.bytes(),
                 "link": row.link,
+                "out_reads": row.out_reads,
                 "sizes": row.points.iter().map(|p| serde_json::json!({
                     "size": p.size,
                     "frame_bytes": p.frame_bytes,
@@ -435,6 +444,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             frames.push(f);
         }
         let mut link = String::new();
+        let mut out_reads = 0;
         // Warm-up of both, not counted.
         raw_rate(&pair, &frames[0], o.raw_frames.min(20_000))?;
         {
@@ -451,6 +461,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             }
             let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, o.busy_poll)?;
             link = a.dev.info().link.clone();
+            out_reads = super::out_reads(&a, &b);
             for p in points.iter_mut() {
                 let mut line = format!(
                     "  rep {} {}: raw {:.3} Mpps, reading {:.3}, UDP {:.3} Mpps",
@@ -478,7 +489,12 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 say(&line);
             }
         }
-        rows.push(GoodputRow { mtu, link, points });
+        rows.push(GoodputRow {
+            mtu,
+            link,
+            out_reads,
+            points,
+        });
     }
     Ok(GoodputReport {
         opts: o.clone(),

@@ -205,6 +205,13 @@ pub(crate) fn rc_pair_on(
     )
 }
 
+/// The READs and atomics one side of a bench pair keeps outstanding: the smaller of the
+/// two devices' `max_qp_rd_atom`, at least 1.
+pub(crate) fn out_reads(a: &Endpoint, b: &Endpoint) -> u8 {
+    let l = |e: &Endpoint| e.dev.info().limits.max_qp_rd_atom;
+    l(a).min(l(b)).max(1)
+}
+
 /// As [`rc_pair_on`], for the engines in namespaces `ends` (name, address), each on its
 /// interface `ifname` (AF_XDP) or its address (UDP).
 pub(crate) fn rc_connect(
@@ -235,9 +242,18 @@ pub(crate) fn rc_connect(
     let mtu = mtu.unwrap_or(a.dev.info().port_mtu);
     let (ip_a, ip_b) = (IpAddr::V4(ends[0].1), IpAddr::V4(ends[1].1));
     let (psn_a, psn_b) = (0x100, 0x200);
-    a.connect(&b.local(psn_b, ip_a), &ConnectOpts::new(mtu, psn_a))
+    // READs (and atomics) outstanding: the devices' limit, as perftest's default `-o`
+    // is (`ctx_set_out_reads`). The endpoints' default of 16 bounded a READ stream of
+    // small messages by 16 per round trip, not by the engine.
+    let rd = out_reads(&a, &b);
+    let opts = |psn| ConnectOpts {
+        max_rd_atomic: rd,
+        max_dest_rd_atomic: rd,
+        ..ConnectOpts::new(mtu, psn)
+    };
+    a.connect(&b.local(psn_b, ip_a), &opts(psn_a))
         .map_err(|e| e.to_string())?;
-    b.connect(&a.local(psn_a, ip_b), &ConnectOpts::new(mtu, psn_b))
+    b.connect(&a.local(psn_a, ip_b), &opts(psn_b))
         .map_err(|e| e.to_string())?;
     Ok((a, b))
 }
