@@ -55,8 +55,8 @@ pub const FIRST_QPN: u32 = 0x11;
 
 /// Frames one QP may send in a row before the next ready QP's turn. Round-robin per
 /// frame touched a different QP's state for every frame when many QPs were busy (cold
-/// on both engines); a short burst keeps it warm, and at IB MTU 1024 eight frames are
-/// 8 KiB, so no QP waits behind another for long.
+/// on both engines); a short burst keeps it warm, and eight frames are 8 KiB at IB MTU
+/// 1024 (32 KiB at 4096), so no QP waits behind another for long.
 pub const TX_BURST: u32 = 8;
 
 /// Where an engine starts numbering its QPs: drawn from its seed, so that a process
@@ -213,8 +213,10 @@ pub struct Engine {
     next_qpn: u32,
     /// QPs that may have a frame to send, in round-robin order.
     ready: VecDeque<u32>,
-    /// Frames the QP at the front of `ready` has sent in a row ([`TX_BURST`]).
-    burst: u32,
+    /// The QP that sent last and how many frames it has sent in a row ([`TX_BURST`]);
+    /// kept with its QPN so that a QP leaving `ready` any other way (destroyed, moved)
+    /// does not shorten the next one's turn.
+    burst: (u32, u32),
     timers: BinaryHeap<Reverse<(Time, u32)>>,
     now: Time,
     /// QPs whose queues or state may have changed since `take_touched_qps`.
@@ -251,7 +253,7 @@ impl Engine {
             qps: QpMap::default(),
             next_qpn,
             ready: VecDeque::new(),
-            burst: 0,
+            burst: (0, 0),
             timers: BinaryHeap::new(),
             now: Time::ZERO,
             touched_qps: Vec::new(),
@@ -1199,15 +1201,16 @@ impl Engine {
                 .or_else(|| qp.next_request(&mut self.ctx, now, buf));
             if n.is_some() && qp.wants_tx(now) {
                 qp.in_ready = true;
-                self.burst += 1;
-                if self.burst < TX_BURST {
+                let run = if self.burst.0 == qpn { self.burst.1 } else { 0 } + 1;
+                if run < TX_BURST {
+                    self.burst = (qpn, run);
                     self.ready.push_front(qpn);
                 } else {
-                    self.burst = 0;
+                    self.burst = (qpn, 0);
                     self.ready.push_back(qpn);
                 }
             } else {
-                self.burst = 0;
+                self.burst = (qpn, 0);
             }
             if let Some(d) = qp.deadline()
                 && qp.timer_at.is_none_or(|t| d < t)
