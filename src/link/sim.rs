@@ -84,7 +84,7 @@ pub struct LinkStats {
 struct InFlight {
     arrival: Time,
     seq: u64,
-    /// A pool buffer of `MAX_FRAME` bytes; the frame is its first `len`.
+    /// A pool buffer of at least `MAX_FRAME` bytes; the frame is its first `len`.
     buf: Vec<u8>,
     len: usize,
 }
@@ -178,8 +178,8 @@ impl SimLink {
         self.dirs[dir].stats
     }
 
-    /// A `MAX_FRAME`-byte buffer from the pool (its bytes are whatever the last frame
-    /// left: every user writes before it reads).
+    /// A buffer of at least `MAX_FRAME` bytes from the pool (its bytes are whatever the
+    /// last frame left: every user writes before it reads).
     fn buffer(&mut self) -> Vec<u8> {
         self.pool.pop().unwrap_or_else(|| vec![0u8; MAX_FRAME])
     }
@@ -206,10 +206,16 @@ impl SimLink {
         fill: impl FnOnce(&mut [u8]) -> Option<usize>,
     ) -> bool {
         let mut buf = self.buffer();
-        let Some(len) = fill(&mut buf).filter(|&n| n <= buf.len()) else {
+        let Some(len) = fill(&mut buf) else {
             self.pool.push(buf);
             return false;
         };
+        // A node that claims more than it was given has a bug; it is not a frame.
+        assert!(
+            len <= buf.len(),
+            "a node sent {len} bytes from a {}-byte buffer",
+            buf.len()
+        );
         self.carry(dir, now, buf, len);
         true
     }
