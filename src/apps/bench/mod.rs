@@ -205,10 +205,14 @@ pub(crate) fn rc_pair_on(
     )
 }
 
-/// The READs and atomics one side of a bench pair keeps outstanding: the smaller of the
-/// two devices' `max_qp_rd_atom`, at least 1.
+/// The READs and atomics one side of a bench pair keeps outstanding: the smallest of the
+/// two devices' `max_qp_rd_atom` (what a responder takes) and `max_qp_init_rd_atom`
+/// (what a requester may issue), at least 1.
 pub(crate) fn out_reads(a: &Endpoint, b: &Endpoint) -> u8 {
-    let l = |e: &Endpoint| e.dev.info().limits.max_qp_rd_atom;
+    let l = |e: &Endpoint| {
+        let d = &e.dev.info().limits;
+        d.max_qp_rd_atom.min(d.max_qp_init_rd_atom)
+    };
     l(a).min(l(b)).max(1)
 }
 
