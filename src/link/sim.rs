@@ -184,13 +184,20 @@ impl SimLink {
         self.pool.pop().unwrap_or_else(|| vec![0u8; MAX_FRAME])
     }
 
-    /// Node `dir` transmits `frame` at `now`.
-    pub fn send(&mut self, dir: usize, now: Time, frame: &[u8]) {
+    /// A pool buffer holding a copy of `frame` in its first `frame.len()` bytes (grown
+    /// for a frame longer than `MAX_FRAME`).
+    fn copy_of(&mut self, frame: &[u8]) -> Vec<u8> {
         let mut buf = self.buffer();
         if buf.len() < frame.len() {
             buf.resize(frame.len(), 0);
         }
         buf[..frame.len()].copy_from_slice(frame);
+        buf
+    }
+
+    /// Node `dir` transmits `frame` at `now`.
+    pub fn send(&mut self, dir: usize, now: Time, frame: &[u8]) {
+        let buf = self.copy_of(frame);
         self.carry(dir, now, buf, frame.len());
     }
 
@@ -254,12 +261,7 @@ impl SimLink {
         }
         let copy = if self.rng.chance(cfg.duplicate) {
             self.dirs[dir].stats.duplicated += 1;
-            let mut c = self.buffer();
-            if c.len() < len {
-                c.resize(len, 0);
-            }
-            c[..len].copy_from_slice(&buf[..len]);
-            Some(c)
+            Some(self.copy_of(&buf[..len]))
         } else {
             None
         };
