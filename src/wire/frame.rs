@@ -392,7 +392,7 @@ pub struct FrameTemplate {
     l3: usize,
     l4: usize,
     v6: Option<([u8; 16], [u8; 16])>,
-    /// IPv4: the ones'-complement sum of the header with its total length, ID and
+    /// IPv4 (0 over IPv6): the ones'-complement sum of the header with its total length, ID and
     /// checksum zero. `emit` adds the two per-packet fields to it (RFC 1624) instead of
     /// summing the header it has just copied, which read back freshly stored bytes in
     /// wider loads (a store-forwarding stall: 2-3% of the engine-alone benchmark).
@@ -411,16 +411,17 @@ impl FrameTemplate {
         let l3 = eth.emit(&mut bytes)?;
         let l4 = l3 + ip.emit(&mut bytes[l3..], udp::LEN)?;
         udp.emit(&mut bytes[l4..], 0)?;
-        let v6 = match ip {
-            IpRepr::V6(h) => Some((h.src.octets(), h.dst.octets())),
-            IpRepr::V4(_) => None,
+        let (v6, v4_sum) = match ip {
+            IpRepr::V6(h) => (Some((h.src.octets(), h.dst.octets())), 0),
+            IpRepr::V4(_) => {
+                let mut h = [0u8; 60];
+                let hl = l4 - l3;
+                h[..hl].copy_from_slice(&bytes[l3..l4]);
+                h[2..6].fill(0); // total length, ID
+                h[10..12].fill(0); // checksum
+                (None, ones_sum(&h[..hl]))
+            }
         };
-        let mut h = [0u8; 60];
-        let hl = l4 - l3;
-        h[..hl].copy_from_slice(&bytes[l3..l4]);
-        h[2..6].fill(0);
-        h[10..12].fill(0);
-        let v4_sum = ones_sum(&h[..hl]);
         Ok(FrameTemplate {
             bytes,
             l3,
