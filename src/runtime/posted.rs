@@ -26,6 +26,19 @@ pub(crate) trait Compact: Sized {
     fn expand(s: &Self::Small) -> Self;
 }
 
+/// `list` in place, with its length; `None` when it is longer than [`POSTED_SGES`].
+/// (The length stays beside the array in each compact form, so that it packs with
+/// their other small fields.)
+fn small_sges(list: &SgList) -> Option<([Sge; POSTED_SGES], u8)> {
+    let list = list.as_slice();
+    if list.len() > POSTED_SGES {
+        return None;
+    }
+    let mut sges = [Sge::default(); POSTED_SGES];
+    sges[..list.len()].copy_from_slice(list);
+    Some((sges, list.len() as u8))
+}
+
 /// A send WR without inline data, UD destination or memory-window bind, with at most
 /// [`POSTED_SGES`] SGEs.
 #[derive(Clone, Copy)]
@@ -47,16 +60,10 @@ impl Compact for SendWr {
     type Small = SmallSend;
 
     fn compact(&self) -> Option<SmallSend> {
-        let list = self.sg_list.as_slice();
-        if self.inline.is_some()
-            || self.ud.is_some()
-            || self.bind.is_some()
-            || list.len() > POSTED_SGES
-        {
+        if self.inline.is_some() || self.ud.is_some() || self.bind.is_some() {
             return None;
         }
-        let mut sges = [Sge::default(); POSTED_SGES];
-        sges[..list.len()].copy_from_slice(list);
+        let (sges, n_sge) = small_sges(&self.sg_list)?;
         Some(SmallSend {
             wr_id: self.wr_id,
             remote_addr: self.remote_addr,
@@ -68,7 +75,7 @@ impl Compact for SendWr {
             invalidate_rkey: self.invalidate_rkey,
             rkey: self.rkey,
             opcode: self.opcode,
-            n_sge: list.len() as u8,
+            n_sge,
         })
     }
 
@@ -104,16 +111,11 @@ impl Compact for RecvWr {
     type Small = SmallRecv;
 
     fn compact(&self) -> Option<SmallRecv> {
-        let list = self.sg_list.as_slice();
-        if list.len() > POSTED_SGES {
-            return None;
-        }
-        let mut sges = [Sge::default(); POSTED_SGES];
-        sges[..list.len()].copy_from_slice(list);
+        let (sges, n_sge) = small_sges(&self.sg_list)?;
         Some(SmallRecv {
             wr_id: self.wr_id,
             sges,
-            n_sge: list.len() as u8,
+            n_sge,
         })
     }
 
