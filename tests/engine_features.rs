@@ -587,26 +587,13 @@ fn cq_overflow_is_an_error_event_not_silent_loss() {
     let (mut a, mut b) = pair(Mtu::Mtu1024, 11);
     let sa = side(&mut a, QpType::Rc, 1 << 16, 1024);
     let sb = side(&mut b, QpType::Rc, 1 << 16, 2);
-    connect(
-        &mut a,
-        sa.qpn,
+    connect_sides(
+        (&mut a, &sa),
+        (&mut b, &sb),
         QpType::Rc,
-        sb.qpn,
-        IP_B,
         Mtu::Mtu1024,
-        1,
-        2,
+        (1, 2),
         |_| {},
-    );
-    connect(
-        &mut b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        Mtu::Mtu1024,
-        2,
-        1,
         |_| {},
     );
     for i in 0..4 {
@@ -1275,26 +1262,13 @@ fn busy_qps_send_in_short_bursts_round_robin() {
         let sa = side(&mut a, QpType::Rc, 64 * 1024, 64);
         let sb = side(&mut b, QpType::Rc, 64 * 1024, 64);
         let psn = 100 * i;
-        connect(
-            &mut a,
-            sa.qpn,
+        connect_sides(
+            (&mut a, &sa),
+            (&mut b, &sb),
             QpType::Rc,
-            sb.qpn,
-            IP_B,
             Mtu::Mtu1024,
-            psn,
-            psn,
+            (psn, psn),
             |_| {},
-        );
-        connect(
-            &mut b,
-            sb.qpn,
-            QpType::Rc,
-            sa.qpn,
-            IP_A,
-            Mtu::Mtu1024,
-            psn,
-            psn,
             |_| {},
         );
         pairs.push((sa, sb));

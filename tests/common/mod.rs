@@ -187,13 +187,31 @@ pub fn connected_with(
     let (mut a, mut b) = pair(mtu, seed);
     let sa = side(&mut a, qp_type, size, cq_depth);
     let sb = side(&mut b, qp_type, size, cq_depth);
-    connect(
-        &mut a, sa.qpn, qp_type, sb.qpn, IP_B, mtu, psn_a, psn_b, tweak_a,
-    );
-    connect(
-        &mut b, sb.qpn, qp_type, sa.qpn, IP_A, mtu, psn_b, psn_a, tweak_b,
+    connect_sides(
+        (&mut a, &sa),
+        (&mut b, &sb),
+        qp_type,
+        mtu,
+        (psn_a, psn_b),
+        tweak_a,
+        tweak_b,
     );
     (a, b, sa, sb)
+}
+
+/// Connects A's QP `sa` (at [`IP_A`]) and B's `sb` (at [`IP_B`]) to each other, A
+/// sending from `psn_a` and B from `psn_b`, each side's attributes tweaked first.
+pub fn connect_sides(
+    (a, sa): (&mut Engine, &Side),
+    (b, sb): (&mut Engine, &Side),
+    qp_type: QpType,
+    mtu: Mtu,
+    (psn_a, psn_b): (u32, u32),
+    tweak_a: impl Fn(&mut QpAttr),
+    tweak_b: impl Fn(&mut QpAttr),
+) {
+    connect(a, sa.qpn, qp_type, sb.qpn, IP_B, mtu, psn_a, psn_b, tweak_a);
+    connect(b, sb.qpn, qp_type, sa.qpn, IP_A, mtu, psn_b, psn_a, tweak_b);
 }
 
 pub fn sge(s: &Side, off: usize, len: usize) -> Sge {

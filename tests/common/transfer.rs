@@ -73,26 +73,13 @@ pub fn transfer_with(mtu: Mtu, loss: f64, total: u64, seed: u64, max_len: usize)
     let sa = side(&mut a, QpType::Rc, size, 1 << 15);
     let sb = side(&mut b, QpType::Rc, size, 1 << 15);
     let tweak = |x: &mut QpAttr| x.timeout = 8; // ~1 ms
-    connect(
-        &mut a,
-        sa.qpn,
+    connect_sides(
+        (&mut a, &sa),
+        (&mut b, &sb),
         QpType::Rc,
-        sb.qpn,
-        IP_B,
         mtu,
-        start_psn,
-        start_psn - 7,
+        (start_psn, start_psn - 7),
         tweak,
-    );
-    connect(
-        &mut b,
-        sb.qpn,
-        QpType::Rc,
-        sa.qpn,
-        IP_A,
-        mtu,
-        start_psn - 7,
-        start_psn,
         tweak,
     );
     let link = if loss > 0.0 {
