@@ -471,6 +471,9 @@ struct PerftestArgs {
     mtu: Option<u32>,
     #[arg(short = 't', long = "tx-depth")]
     tx_depth: Option<usize>,
+    /// READs or atomics outstanding (read_bw, atomic_bw; default: the device's limit).
+    #[arg(short = 'o', long = "outs")]
+    out_reads: Option<u32>,
     /// CMP_AND_SWAP or FETCH_AND_ADD (atomic_bw).
     #[arg(short = 'A', long = "atomic_type", default_value = "FETCH_AND_ADD")]
     atomic: String,
@@ -1293,6 +1296,7 @@ fn run_perftest(a: PerftestArgs) -> ExitCode {
             iters: a.iters,
             mtu: a.mtu,
             tx_depth: a.tx_depth,
+            out_reads: a.out_reads,
             cmp_and_swap: cas,
             gbits: a.gbits,
             gid_index: a

@@ -440,6 +440,7 @@ fn perftest_commands_talk_to_each_other() {
             vec!["-s", "65536", "-n", "200", "--report_gbits"],
         ),
         ("read_bw", vec!["-s", "65536", "-n", "200"]),
+        ("read_bw", vec!["-s", "64", "-n", "2000", "-o", "4"]),
         ("send_bw", vec!["-s", "4096", "-n", "500"]),
         ("write_lat", vec!["-s", "2", "-n", "200"]),
         ("atomic_bw", vec!["-n", "500", "-A", "CMP_AND_SWAP"]),
@@ -453,6 +454,16 @@ fn perftest_commands_talk_to_each_other() {
         a.extend(extra.iter().copied());
         let (c, s) = pair_processes(&pair, &a, &a);
         assert!(c.contains("remote address"), "{c}");
+        if *test == "read_bw" {
+            // perftest's `-o`: the device's limit unless asked for fewer.
+            let want = match extra.iter().position(|a| *a == "-o") {
+                Some(i) => extra[i + 1].to_string(),
+                None => roce_xdp::verbs::DeviceLimits::default()
+                    .max_qp_rd_atom
+                    .to_string(),
+            };
+            assert!(c.contains(&format!(" Outstand reads  : {want}\n")), "{c}");
+        }
         if *test == "write_lat" {
             assert!(
                 c.contains("t_typical") && s.contains("t_typical"),

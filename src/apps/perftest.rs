@@ -82,6 +82,9 @@ pub struct Opts {
     pub mtu: Option<u32>,
     /// `-t`.
     pub tx_depth: Option<usize>,
+    /// `-o`: READs and atomics this side lets the peer have outstanding, and asks for
+    /// (perftest's default, and its ceiling: the device's `max_qp_rd_atom`).
+    pub out_reads: Option<u32>,
     /// `-A CMP_AND_SWAP`.
     pub cmp_and_swap: bool,
     /// `--report_gbits`.
@@ -263,7 +266,19 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
     eo.send_wr = tx_depth.max(16) as u32;
     eo.recv_wr = 1024;
     let e = Endpoint::new(dev.clone(), &eo).map_err(|x| x.to_string())?;
-    let out_reads = u32::from(dev.info().limits.max_qp_rd_atom.min(16));
+    // perftest's `ctx_set_out_reads`: the device's `max_qp_rd_atom` unless `-o` asks
+    // for fewer; more is cut to it, with perftest's message.
+    let limits = dev.info().limits;
+    let max_reads = u32::from(limits.max_qp_rd_atom);
+    let out_reads = match o.out_reads {
+        Some(n) if n > max_reads => {
+            eprintln!(" Number of outstanding reads is above max = {max_reads}");
+            eprintln!(" Changing to that max value");
+            max_reads
+        }
+        Some(n) if n > 0 => n,
+        _ => max_reads,
+    };
     let psn = crate::rng::Rng::new(
         u64::from(std::process::id())
             ^ std::time::SystemTime::now()
@@ -306,7 +321,11 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
     };
     co.timeout = 14;
     co.max_dest_rd_atomic = out_reads as u8;
-    co.max_rd_atomic = rem.out_reads.clamp(1, 16) as u8;
+    // As perftest's RTS step: as many as the peer lets this side have (its record's
+    // out_reads), within what this device can initiate.
+    co.max_rd_atomic = rem
+        .out_reads
+        .clamp(1, u32::from(limits.max_qp_init_rd_atom)) as u8;
     co.sgid_index = Some(o.gid_index);
     let remote = Remote {
         qpn: rem.qpn,
@@ -314,6 +333,9 @@ pub fn run(dev: &Device, o: &Opts, out: &mut dyn FnMut(&str)) -> Result<Report, 
         gid: rem.gid,
     };
     e.connect(&remote, &co).map_err(|x| x.to_string())?;
+    if matches!(t, Test::ReadBw | Test::AtomicBw) {
+        out(&format!(" Outstand reads  : {}", co.max_rd_atomic));
+    }
     out(&format!(
         " local address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}\n remote address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
         my.lid, my.qpn, my.psn, my.rkey, my.vaddr, rem.lid, rem.qpn, rem.psn, rem.rkey, rem.vaddr
