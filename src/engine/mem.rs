@@ -464,6 +464,29 @@ impl Segs {
         })
     }
 
+    /// Warms the cache for message bytes `off..off + len` (see [`Memory::prefetch`]);
+    /// the part past the message's end, or in a region no longer valid, is skipped.
+    pub fn prefetch(&self, off: u64, len: usize) {
+        let mut skip = off;
+        let mut left = len;
+        for seg in self.iter() {
+            if left == 0 {
+                break;
+            }
+            let l = u64::from(seg.len);
+            if skip >= l {
+                skip -= l;
+                continue;
+            }
+            let n = ((l - skip) as usize).min(left);
+            if seg.mr.is_valid() {
+                seg.mr.memory().prefetch(seg.off + skip as usize, n);
+            }
+            left -= n;
+            skip = 0;
+        }
+    }
+
     /// Copies `src` into message bytes `off..off + src.len()`.
     pub fn scatter(&self, off: u64, src: &[u8]) -> Result<(), AccessError> {
         self.walk(off, src.len(), |seg, seg_off, at, n| {

@@ -59,6 +59,13 @@ pub const FIRST_QPN: u32 = 0x11;
 /// 1024 (32 KiB at 4096), so no QP waits behind another for long.
 pub const TX_BURST: u32 = 8;
 
+/// How many packets ahead of the one being built the engine prefetches a message's
+/// payload (requester gathers, READ responses). The payload copy out of a buffer that is
+/// not in the cache waited on memory: a 64 KiB WRITE stream over 4 MiB of buffers spent
+/// a tenth of the sending core in that copy. Four packets are 4 KiB ahead at IB MTU
+/// 1024, far enough for memory latency and short of what the next burst evicts.
+pub const PREFETCH_PKTS: u64 = 4;
+
 /// Where an engine starts numbering its QPs: drawn from its seed, so that a process
 /// that restarts (after a crash, without a DREQ) does not come back with the QPNs its
 /// peers' CMs still hold in a connection; those would refuse its REQs as stale (REJ 10,

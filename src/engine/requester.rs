@@ -126,6 +126,14 @@ impl SendWqe {
             None => self.segs.gather(off, dst),
         }
     }
+
+    /// Warms the cache for message bytes `off..off + len` (nothing for inline data,
+    /// which sits in the WQE).
+    fn prefetch(&self, off: u64, len: usize) {
+        if self.inline().is_none() {
+            self.segs.prefetch(off, len);
+        }
+    }
 }
 
 fn inline_range(d: &[u8], off: u64, len: usize) -> Result<&[u8], AccessError> {
@@ -830,6 +838,7 @@ impl Qp {
         let n = self.emit(ctx, buf, bth, ext, payload_len, |dst| {
             // Cannot fail: checked just above, and nothing runs in between.
             let _ = w.gather(off, dst);
+            w.prefetch(off + super::PREFETCH_PKTS * u64::from(mtu), dst.len());
         })?;
         // Book-keeping after the packet is built.
         let w = &mut self.req.sq[idx];

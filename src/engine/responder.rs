@@ -960,10 +960,16 @@ impl Qp {
                     },
                     ..ExtRepr::default()
                 };
+                let resid = rr.resid;
                 let sent = self.emit(ctx, buf, bth(opcode, psn), ext, n, |dst| {
                     if let Some(m) = &mr {
                         // Cannot fail: the range was checked against the region.
                         let _ = m.memory().read(off, dst);
+                        // A few responses ahead, within what the READ asked for.
+                        let ahead = (super::PREFETCH_PKTS * mtu).min(resid);
+                        let end = resid.min(ahead + mtu);
+                        m.memory()
+                            .prefetch(off + ahead as usize, (end - ahead) as usize);
                     }
                 });
                 if sent.is_some()
