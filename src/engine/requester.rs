@@ -838,7 +838,14 @@ impl Qp {
         let n = self.emit(ctx, buf, bth, ext, payload_len, |dst| {
             // Cannot fail: checked just above, and nothing runs in between.
             let _ = w.gather(off, dst);
-            w.prefetch(off + super::PREFETCH_PKTS * u64::from(mtu), dst.len());
+            // The first packet warms the next PREFETCH_PKTS (a message of a few packets
+            // gets them all); later ones keep the window that far ahead.
+            let m = u64::from(mtu);
+            if off == 0 {
+                w.prefetch(m, (super::PREFETCH_PKTS * m) as usize);
+            } else {
+                w.prefetch(off + super::PREFETCH_PKTS * m, dst.len());
+            }
         })?;
         // Book-keeping after the packet is built.
         let w = &mut self.req.sq[idx];

@@ -960,16 +960,22 @@ impl Qp {
                     },
                     ..ExtRepr::default()
                 };
-                let resid = rr.resid;
+                let (resid, first) = (rr.resid, !rr.started);
                 let sent = self.emit(ctx, buf, bth(opcode, psn), ext, n, |dst| {
                     if let Some(m) = &mr {
                         // Cannot fail: the range was checked against the region.
                         let _ = m.memory().read(off, dst);
-                        // A few responses ahead, within what the READ asked for.
-                        let ahead = (super::PREFETCH_PKTS * mtu).min(resid);
-                        let end = resid.min(ahead + mtu);
+                        // Within what the READ asked for: the first response warms the
+                        // next PREFETCH_PKTS, later ones keep the window that far ahead.
+                        let ahead = super::PREFETCH_PKTS * mtu;
+                        let (from, to) = if first {
+                            (mtu, ahead + mtu)
+                        } else {
+                            (ahead, ahead + mtu)
+                        };
+                        let (from, to) = (from.min(resid), to.min(resid));
                         m.memory()
-                            .prefetch(off + ahead as usize, (end - ahead) as usize);
+                            .prefetch(off + from as usize, (to - from) as usize);
                     }
                 });
                 if sent.is_some()
