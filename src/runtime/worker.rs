@@ -37,13 +37,50 @@ const SPIN_ROUNDS: u32 = 256;
 /// A yield that kept the thread off the CPU this long means another thread on its core
 /// spins without yielding back.
 const SLOW_YIELD: Duration = Duration::from_micros(200);
-/// How long the thread then sleeps as soon as it is idle, before it tries spinning again.
-const SLEEP_MODE: Duration = Duration::from_millis(200);
+/// How long the thread then sleeps as soon as it is idle, before it tries spinning again:
+/// [`SleepMode`] starts at the first and doubles up to the second.
+const SLEEP_MODE_MIN: Duration = Duration::from_millis(5);
+const SLEEP_MODE_MAX: Duration = Duration::from_millis(200);
 /// Longest sleep (so a stop is noticed even without a wake-up).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// The shortest sleep: a timer closer than this is waited for asleep all the same,
 /// rather than spun for.
 const MIN_SLEEP: Duration = Duration::from_micros(20);
+
+/// How long an idle engine thread sleeps instead of yielding after a slow yield. A
+/// program spinning on memory on this core (ib_write_lat) makes the first yield after
+/// each sleep mode slow again: the mode doubles, up to [`SLEEP_MODE_MAX`]. A thread that
+/// only once ran long (a kernel worker, a stream's posting thread: a few slow yields in
+/// seconds) gets [`SLEEP_MODE_MIN`]. Sleeping costs whoever sends the frame that wakes
+/// it: with 200 ms after every slow yield, a 64 B stream's responder slept between
+/// most receive batches and the requester's `sendto` paid the wake-ups.
+#[derive(Debug)]
+struct SleepMode {
+    len: Duration,
+    last: Option<Instant>,
+}
+
+impl SleepMode {
+    fn new() -> SleepMode {
+        SleepMode {
+            len: SLEEP_MODE_MIN,
+            last: None,
+        }
+    }
+
+    /// A yield at `now` was slow: until when to sleep when idle. Slow again within twice
+    /// the last mode's length (so right after it ended) doubles it; later starts over.
+    fn slow_yield(&mut self, now: Instant) -> Instant {
+        self.len = match self.last {
+            Some(t) if now.saturating_duration_since(t) <= 2 * self.len => {
+                (2 * self.len).min(SLEEP_MODE_MAX)
+            }
+            _ => SLEEP_MODE_MIN,
+        };
+        self.last = Some(now);
+        now + self.len
+    }
+}
 
 /// What control calls see on the engine thread.
 pub(crate) struct Locals {
@@ -930,6 +967,7 @@ fn shard_loop(
     };
     let mut idle = 0u32;
     let mut no_spin_until = Instant::now();
+    let mut sleep_mode = SleepMode::new();
     let mut last_pub = Time::ZERO;
     let mut last_port = Instant::now();
     let mut last_file = Instant::now();
@@ -1059,7 +1097,7 @@ fn shard_loop(
                 // spinning on memory, as ib_write_lat does): yielding to it again would
                 // cost a scheduler tick each time. Sleep when idle instead, so that the
                 // next frame or doorbell wakes this thread and preempts the spinner.
-                no_spin_until = Instant::now() + SLEEP_MODE;
+                no_spin_until = sleep_mode.slow_yield(Instant::now());
             }
             continue;
         }
@@ -1404,4 +1442,32 @@ fn random_seed() -> u64 {
         .map(|t| t.as_nanos() as u64)
         .unwrap_or(1)
         ^ u64::from(std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sleep_mode_grows_while_slow_yields_follow_it_and_starts_over_after_a_quiet_spell() {
+        let t = Instant::now();
+        let mut m = SleepMode::new();
+        // An isolated slow yield: the short mode.
+        assert_eq!(m.slow_yield(t), t + SLEEP_MODE_MIN);
+        // Slow again as each mode ends (a spinner on the core): doubling to the cap.
+        let mut now = t + SLEEP_MODE_MIN + Duration::from_millis(2);
+        let mut lens = Vec::new();
+        for _ in 0..8 {
+            let until = m.slow_yield(now);
+            lens.push((until - now).as_millis());
+            now = until + Duration::from_millis(3);
+        }
+        assert_eq!(lens, [10, 20, 40, 80, 160, 200, 200, 200]);
+        // Half a second with no slow yield after a 200 ms mode: the short mode again.
+        let later = now + Duration::from_millis(500);
+        assert_eq!(m.slow_yield(later), later + SLEEP_MODE_MIN);
+        // Two slow yields a second apart never grow it.
+        let again = later + Duration::from_secs(1);
+        assert_eq!(m.slow_yield(again), again + SLEEP_MODE_MIN);
+    }
 }
