@@ -181,12 +181,72 @@ fn nobody_listening_is_rejected_with_invalid_service_id() {
     let (mut s, sa, _sb) = setup(LinkConfig::default(), LinkConfig::default(), 2);
     let mut p = params(sa.qpn);
     p.service_id = SID + 1;
+    let t0 = s.now;
     let id = s.a.cm_connect(&p).unwrap();
     let Some((0, CmEvent::Rejected { id: r, reason, .. })) = next_event(&mut s) else {
         panic!("no reject")
     };
     assert_eq!((r, reason), (id, cm::reason::INVALID_SERVICE_ID));
     assert_eq!(s.b.cm_counters().rej_sent, 1);
+    // The REQ waited for a listener half its response timeout (16.8 ms / 2), no more:
+    // A heard the REJ before it would have sent the REQ again.
+    let took = s.now.since(t0).as_nanos() as u64;
+    let half = cm::timeout_ns(T) / 2;
+    assert!((half..half + 1_000_000).contains(&took), "{took} ns");
+    assert_eq!(s.b.cm_counters().reqs_held, 1);
+    assert_eq!(s.a.cm_counters().mads_resent, 0);
+}
+
+/// perftest `-R`'s server listens for the test's connection only after the handshake
+/// its client connects right after: a REQ that comes before the listener waits for it.
+#[test]
+fn a_req_just_before_its_listener_is_taken_by_it() {
+    let (mut s, sa, sb) = setup(LinkConfig::default(), LinkConfig::default(), 21);
+    s.b.cm_unlisten(SID);
+    let ida = s.a.cm_connect(&params(sa.qpn)).unwrap();
+    // The REQ reaches B, which has nobody listening: nothing is answered yet.
+    let until = s.now.add_nanos(2_000_000);
+    let stop = s.run_until(until, 1_000_000, |_, b| b.cm_counters().reqs_held == 1);
+    assert_eq!(stop, Stop::Done);
+    let stop = s.run_until(until, 1_000_000, |a, b| {
+        a.poll_cm_event().is_some() || b.poll_cm_event().is_some()
+    });
+    assert_ne!(stop, Stop::Done, "an event before anybody listened");
+    assert_eq!(s.b.cm_counters().mads_sent, 0);
+    // The listener comes: it gets the REQ, and the connection forms as usual.
+    s.b.cm_listen(SID).unwrap();
+    let Some((1, CmEvent::ConnectRequest { id: idb, req })) = next_event(&mut s) else {
+        panic!("the listener did not get the REQ")
+    };
+    assert_eq!(req.remote_qpn, sa.qpn);
+    assert!(req.private_data.starts_with(b"hello from A"));
+    accept_on_b(&mut s, &sa, &sb, idb, 0x5678, vec![]);
+    let Some((0, CmEvent::ConnectResponse { id, .. })) = next_event(&mut s) else {
+        panic!("no connect response")
+    };
+    assert_eq!(id, ida);
+    assert_eq!(s.b.cm_counters().rej_sent, 0);
+    assert_eq!(s.a.cm_counters().rej_rcvd, 0);
+}
+
+/// A REQ seen twice while it waits for a listener is kept once and refused once.
+#[test]
+fn a_waiting_req_sent_twice_is_refused_once() {
+    let dup = LinkConfig {
+        duplicate: 1.0,
+        ..LinkConfig::default()
+    };
+    let (mut s, sa, _sb) = setup(dup, LinkConfig::default(), 22);
+    let mut p = params(sa.qpn);
+    p.service_id = SID + 1;
+    let id = s.a.cm_connect(&p).unwrap();
+    let Some((0, CmEvent::Rejected { id: r, reason, .. })) = next_event(&mut s) else {
+        panic!("no reject")
+    };
+    assert_eq!((r, reason), (id, cm::reason::INVALID_SERVICE_ID));
+    let c = s.b.cm_counters();
+    assert_eq!((c.mads_rcvd, c.reqs_held, c.drop_stale), (2, 1, 1), "{c:?}");
+    assert_eq!(c.rej_sent, 1, "{c:?}");
 }
 
 #[test]

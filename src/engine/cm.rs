@@ -9,8 +9,13 @@
 //! librdmacm does over the kernel's CM; the CM only speaks the protocol.
 //!
 //! Following the kernel's `ib_cm` where IBA leaves a choice:
-//! - a REQ nobody listens for is refused with REJ "invalid service ID" (8); a REQ for a
-//!   transport other than RC or UC with "invalid transport service type" (9);
+//! - a REQ nobody listens for is refused with REJ "invalid service ID" (8), but not at
+//!   once: it is kept for [`UNHEARD_HOLD_MAX`] (at most half the response time the REQ
+//!   gives the CM), and a listener that comes in that time gets it. Programs that sync
+//!   over one connection and then listen for the next (perftest `-R`: the server
+//!   listens only after the handshake the client connects right after) would otherwise
+//!   lose a race the kernel's slower address resolution usually hides. A REQ for a
+//!   transport other than RC or UC is refused with "invalid transport service type" (9);
 //! - a REQ seen again (same remote communication ID and CA GUID: the peer retried) is
 //!   ignored while the connection forms, and refused as a stale connection (10) once it
 //!   is in timewait: never a second connection;
@@ -67,6 +72,17 @@ pub mod reason {
     pub const INVALID_PATH_MTU: u16 = 26;
     pub const CONSUMER_REJECT: u16 = 28;
 }
+
+/// The longest a REQ for a service ID nobody listens on is kept for a listener before
+/// its REJ "invalid service ID" goes out. A server that learns over one connection that
+/// its client is about to connect and only then listens (perftest `-R`) needs a few
+/// scheduler turns on a busy host; a client that asked for nobody learns it this much
+/// later. Never more than half the REQ's remote CM response timeout, so that the active
+/// side hears the REJ before it sends the REQ again.
+pub const UNHEARD_HOLD_MAX: u64 = 200_000_000;
+/// How many such REQs are kept at once; past it they are refused at once (a peer
+/// sending REQs for nothing cannot make the CM keep much).
+const UNHEARD_MAX: usize = 32;
 
 /// SIDR_REP status values (IBA table 120).
 pub mod sidr_status {
@@ -263,6 +279,8 @@ pub struct CmCounters {
     pub rej_sent: u64,
     pub rej_rcvd: u64,
     pub established: u64,
+    /// REQs for a service ID nobody listened on yet, kept for a listener.
+    pub reqs_held: u64,
 }
 
 impl CmCounters {
@@ -279,6 +297,7 @@ impl CmCounters {
         self.rej_sent += o.rej_sent;
         self.rej_rcvd += o.rej_rcvd;
         self.established += o.established;
+        self.reqs_held += o.reqs_held;
     }
 
     /// What a counter of `named` means (what `roce-xdp stats` prints beside it).
@@ -297,11 +316,12 @@ impl CmCounters {
             "cm_rej_sent" => "CM: REJs sent (nobody listens, refused, timed out)",
             "cm_rej_rcvd" => "CM: REJs received",
             "cm_established" => "CM: connections established",
+            "cm_reqs_held" => "CM: REQs for a service nobody listened on yet, kept up to 200 ms",
             _ => "",
         }
     }
 
-    pub fn named(&self) -> [(&'static str, u64); 11] {
+    pub fn named(&self) -> [(&'static str, u64); 12] {
         [
             ("cm_mads_rcvd", self.mads_rcvd),
             ("cm_mads_sent", self.mads_sent),
@@ -314,6 +334,7 @@ impl CmCounters {
             ("cm_rej_sent", self.rej_sent),
             ("cm_rej_rcvd", self.rej_rcvd),
             ("cm_established", self.established),
+            ("cm_reqs_held", self.reqs_held),
         ]
     }
 }
@@ -378,9 +399,25 @@ impl Conn {
     }
 }
 
+/// A REQ for a service ID nobody listens on (yet): delivered if a listener comes before
+/// `until`, refused then otherwise.
+struct Unheard {
+    until: Time,
+    peer: Peer,
+    tid: u64,
+    service_id: u64,
+    /// The peer's communication ID (for the REJ, and to know the REQ again).
+    remote_comm_id: u32,
+    remote_guid: u64,
+    /// The whole MAD, parsed again when a listener takes it.
+    mad: Box<[u8; mad::MAD_LEN]>,
+}
+
 /// The CM of one port.
 pub(crate) struct Cm {
     listening: HashSet<u64>,
+    /// REQs waiting for a listener, at most [`UNHEARD_MAX`].
+    unheard: Vec<Unheard>,
     conns: HashMap<u32, Conn>,
     /// (remote CA GUID, remote communication ID) -> local ID: a REQ seen again.
     by_remote: HashMap<(u64, u32), u32>,
@@ -395,6 +432,7 @@ impl Cm {
     pub(crate) fn new() -> Cm {
         Cm {
             listening: HashSet::new(),
+            unheard: Vec::new(),
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             timers: BinaryHeap::new(),
@@ -407,14 +445,35 @@ impl Cm {
 
     // ----- the consumer's calls -----
 
-    /// Takes REQs and SIDR_REQs for `service_id`.
-    pub(crate) fn listen(&mut self, service_id: u64) -> Result<(), Error> {
+    /// Takes REQs and SIDR_REQs for `service_id`, and the REQs for it that came in the
+    /// last moments while nobody listened (see [`UNHEARD_HOLD_MAX`]).
+    pub(crate) fn listen(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Time,
+        service_id: u64,
+    ) -> Result<(), Error> {
         if !self.listening.insert(service_id) {
             return Err(Error::Busy {
                 what: "CM service ID",
                 handle: service_id as u32,
                 users: 1,
             });
+        }
+        let mut i = 0;
+        while i < self.unheard.len() {
+            if self.unheard[i].service_id != service_id {
+                i += 1;
+                continue;
+            }
+            let u = self.unheard.remove(i);
+            let Ok(h) = mad::Header::new_checked(&u.mad[..]) else {
+                continue;
+            };
+            let attr = mad::Repr::parse(&h).attribute_id;
+            if let Ok(CmMessage::Req(q)) = CmMessage::parse(attr, &u.mad[mad::HEADER_LEN..]) {
+                self.on_req(ctx, now, u.peer, u.tid, &q, &u.mad[..]);
+            }
         }
         Ok(())
     }
@@ -696,6 +755,10 @@ impl Cm {
     /// process, nothing would answer the peer's DREQ afterwards, as the kernel's CM
     /// does after its process exits; [`Cm::settling`] says when it may stop.
     pub(crate) fn close_all(&mut self, ctx: &mut Ctx, now: Time) {
+        // Nobody will listen now: the REQs kept for a listener are refused at once.
+        for u in std::mem::take(&mut self.unheard) {
+            self.refuse_unheard(&u);
+        }
         let ids: Vec<u32> = self.conns.keys().copied().collect();
         for id in ids {
             self.destroy(ctx, now, id);
@@ -801,7 +864,7 @@ impl Cm {
             }
         };
         match msg {
-            CmMessage::Req(q) => self.on_req(ctx, peer, hdr.transaction_id, &q),
+            CmMessage::Req(q) => self.on_req(ctx, now, peer, hdr.transaction_id, &q, payload),
             CmMessage::Rep(p) => self.on_rep(peer, hdr.transaction_id, &p),
             CmMessage::Rtu { remote_comm_id, .. } => self.on_rtu(remote_comm_id),
             CmMessage::Rej(j) => self.on_rej(&j),
@@ -828,6 +891,15 @@ impl Cm {
 
     /// Fires the timers due at `now`.
     pub(crate) fn handle_timeout(&mut self, now: Time) {
+        let mut i = 0;
+        while i < self.unheard.len() {
+            if self.unheard[i].until > now {
+                i += 1;
+                continue;
+            }
+            let u = self.unheard.swap_remove(i);
+            self.refuse_unheard(&u);
+        }
         while let Some(Reverse((t, id))) = self.timers.peek().copied() {
             if t > now {
                 break;
@@ -862,7 +934,12 @@ impl Cm {
 
     /// The next time `handle_timeout` must run.
     pub(crate) fn poll_timeout(&self) -> Option<Time> {
-        self.timers.peek().map(|r| r.0.0)
+        let conns = self.timers.peek().map(|r| r.0.0);
+        let unheard = self.unheard.iter().map(|u| u.until).min();
+        match (conns, unheard) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// True while MADs wait to be sent.
@@ -909,7 +986,16 @@ impl Cm {
 
     // ----- received messages -----
 
-    fn on_req(&mut self, ctx: &mut Ctx, peer: Peer, tid: u64, q: &cm::Req<'_>) {
+    /// A REQ; `raw` is the whole MAD it came in (kept if nobody listens yet).
+    fn on_req(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Time,
+        peer: Peer,
+        tid: u64,
+        q: &cm::Req<'_>,
+        raw: &[u8],
+    ) {
         if let Some(&id) = self.by_remote.get(&(q.local_ca_guid, q.local_comm_id)) {
             // The peer sent its REQ again: our answer is on its way or was lost.
             let state = self.conns.get(&id).map(|c| c.state);
@@ -941,18 +1027,35 @@ impl Cm {
             return;
         }
         if !self.listening.contains(&q.service_id) {
-            tracing::debug!(
-                "CM: REQ for service ID 0x{:016x}: nobody listens (REJ invalid service ID)",
-                q.service_id
-            );
-            self.send_rej(
+            let key = (q.local_ca_guid, q.local_comm_id);
+            if self
+                .unheard
+                .iter()
+                .any(|u| (u.remote_guid, u.remote_comm_id) == key)
+            {
+                // Sent again while it waits for a listener.
+                self.counters.drop_stale += 1;
+                return;
+            }
+            let wait = UNHEARD_HOLD_MAX.min(timeout_ns(q.remote_cm_response_timeout) / 2);
+            let u = Unheard {
+                until: now.add_nanos(wait),
                 peer,
                 tid,
-                (0, q.local_comm_id),
-                0,
-                reason::INVALID_SERVICE_ID,
-                &[],
-            );
+                service_id: q.service_id,
+                remote_comm_id: q.local_comm_id,
+                remote_guid: q.local_ca_guid,
+                mad: Box::new([0; mad::MAD_LEN]),
+            };
+            match raw.get(..mad::MAD_LEN) {
+                Some(m) if self.unheard.len() < UNHEARD_MAX => {
+                    let mut u = u;
+                    u.mad.copy_from_slice(m);
+                    self.counters.reqs_held += 1;
+                    self.unheard.push(u);
+                }
+                _ => self.refuse_unheard(&u),
+            }
             return;
         }
         let qp_type = match q.transport {
@@ -1299,6 +1402,22 @@ impl Cm {
         {
             self.by_remote.remove(&(c.remote_guid, c.remote_comm_id));
         }
+    }
+
+    /// Refuses a REQ nobody listened for: REJ "invalid service ID".
+    fn refuse_unheard(&mut self, u: &Unheard) {
+        tracing::debug!(
+            "CM: REQ for service ID 0x{:016x}: nobody listens (REJ invalid service ID)",
+            u.service_id
+        );
+        self.send_rej(
+            u.peer,
+            u.tid,
+            (0, u.remote_comm_id),
+            0,
+            reason::INVALID_SERVICE_ID,
+            &[],
+        );
     }
 
     /// Sends a REJ; `ids` are (local, remote) communication IDs.

@@ -1252,7 +1252,8 @@ impl Engine {
 
     /// Takes REQs and SIDR_REQs for `service_id` ([`cm::Cm::listen`]).
     pub fn cm_listen(&mut self, service_id: u64) -> Result<(), Error> {
-        self.cm.listen(service_id)
+        let now = self.now;
+        self.cm.listen(&mut self.ctx, now, service_id)
     }
 
     pub fn cm_unlisten(&mut self, service_id: u64) {
