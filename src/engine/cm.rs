@@ -78,7 +78,7 @@ pub mod reason {
 /// its client is about to connect and only then listens (perftest `-R`) needs a few
 /// scheduler turns on a busy host; a client that asked for nobody learns it this much
 /// later. Never more than half the REQ's remote CM response timeout, so that the active
-/// side hears the REJ before it sends the REQ again.
+/// side hears the REJ before it sends the REQ again. In nanoseconds (200 ms).
 pub const UNHEARD_HOLD_MAX: u64 = 200_000_000;
 /// How many such REQs are kept at once; past it they are refused at once (a peer
 /// sending REQs for nothing cannot make the CM keep much).
