@@ -757,7 +757,7 @@ impl Cm {
     pub(crate) fn close_all(&mut self, ctx: &mut Ctx, now: Time) {
         // Nobody will listen now: the REQs kept for a listener are refused at once.
         for u in std::mem::take(&mut self.unheard) {
-            self.refuse_unheard(&u);
+            self.refuse_unheard(u.peer, u.tid, u.service_id, u.remote_comm_id);
         }
         let ids: Vec<u32> = self.conns.keys().copied().collect();
         for id in ids {
@@ -898,7 +898,7 @@ impl Cm {
                 continue;
             }
             let u = self.unheard.swap_remove(i);
-            self.refuse_unheard(&u);
+            self.refuse_unheard(u.peer, u.tid, u.service_id, u.remote_comm_id);
         }
         while let Some(Reverse((t, id))) = self.timers.peek().copied() {
             if t > now {
@@ -1037,25 +1037,26 @@ impl Cm {
                 self.counters.drop_stale += 1;
                 return;
             }
+            let Some(m) = raw
+                .get(..mad::MAD_LEN)
+                .filter(|_| self.unheard.len() < UNHEARD_MAX)
+            else {
+                self.refuse_unheard(peer, tid, q.service_id, q.local_comm_id);
+                return;
+            };
             let wait = UNHEARD_HOLD_MAX.min(timeout_ns(q.remote_cm_response_timeout) / 2);
-            let u = Unheard {
+            let mut copy = Box::new([0; mad::MAD_LEN]);
+            copy.copy_from_slice(m);
+            self.counters.reqs_held += 1;
+            self.unheard.push(Unheard {
                 until: now.add_nanos(wait),
                 peer,
                 tid,
                 service_id: q.service_id,
                 remote_comm_id: q.local_comm_id,
                 remote_guid: q.local_ca_guid,
-                mad: Box::new([0; mad::MAD_LEN]),
-            };
-            match raw.get(..mad::MAD_LEN) {
-                Some(m) if self.unheard.len() < UNHEARD_MAX => {
-                    let mut u = u;
-                    u.mad.copy_from_slice(m);
-                    self.counters.reqs_held += 1;
-                    self.unheard.push(u);
-                }
-                _ => self.refuse_unheard(&u),
-            }
+                mad: copy,
+            });
             return;
         }
         let qp_type = match q.transport {
@@ -1405,15 +1406,14 @@ impl Cm {
     }
 
     /// Refuses a REQ nobody listened for: REJ "invalid service ID".
-    fn refuse_unheard(&mut self, u: &Unheard) {
+    fn refuse_unheard(&mut self, peer: Peer, tid: u64, service_id: u64, remote_comm_id: u32) {
         tracing::debug!(
-            "CM: REQ for service ID 0x{:016x}: nobody listens (REJ invalid service ID)",
-            u.service_id
+            "CM: REQ for service ID 0x{service_id:016x}: nobody listens (REJ invalid service ID)"
         );
         self.send_rej(
-            u.peer,
-            u.tid,
-            (0, u.remote_comm_id),
+            peer,
+            tid,
+            (0, remote_comm_id),
             0,
             reason::INVALID_SERVICE_ID,
             &[],
