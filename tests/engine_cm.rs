@@ -249,6 +249,56 @@ fn a_waiting_req_sent_twice_is_refused_once() {
     assert_eq!(c.rej_sent, 1, "{c:?}");
 }
 
+/// At most 32 REQs wait for a listener: the 33rd is refused at once, the 32 when their
+/// hold ends, each with REJ 8.
+#[test]
+fn a_req_past_the_full_hold_is_refused_at_once() {
+    let (mut s, _sa, _sb) = setup(LinkConfig::default(), LinkConfig::default(), 23);
+    let t0 = s.now;
+    let mut ids = Vec::new();
+    for _ in 0..33 {
+        let qpn = side(&mut s.a, QpType::Rc, 4096, 4).qpn;
+        let mut p = params(qpn);
+        p.service_id = SID + 1;
+        ids.push(s.a.cm_connect(&p).unwrap());
+    }
+    let half = cm::timeout_ns(T) / 2;
+    let mut rejected = Vec::new();
+    let take = |a: &mut Engine, rejected: &mut Vec<u32>| {
+        while let Some(e) = a.poll_cm_event() {
+            if let CmEvent::Rejected { id, reason, .. } = e {
+                assert_eq!(reason, cm::reason::INVALID_SERVICE_ID);
+                rejected.push(id);
+            }
+        }
+    };
+    // Well before any hold ends, the REQ past the 32 held is refused, and only it.
+    let stop = s.run_until(t0.add_nanos(half / 4), u64::MAX, |a, _| {
+        take(a, &mut rejected);
+        !rejected.is_empty()
+    });
+    assert_eq!(stop, Stop::Done, "nothing refused at once");
+    assert_eq!(rejected, [ids[32]]);
+    let c = s.b.cm_counters();
+    assert_eq!((c.reqs_held, c.rej_sent), (32, 1), "{c:?}");
+    // The others when their hold ends.
+    let stop = s.run_until(t0.add_nanos(half * 3 / 2), u64::MAX, |a, _| {
+        take(a, &mut rejected);
+        rejected.len() == 33
+    });
+    assert_eq!(stop, Stop::Done, "{} of 33 rejected", rejected.len());
+    assert!(s.now.since(t0).as_nanos() >= u128::from(half));
+    rejected.sort_unstable();
+    ids.sort_unstable();
+    assert_eq!(rejected, ids);
+    let c = s.b.cm_counters();
+    assert_eq!(
+        (c.reqs_held, c.rej_sent, c.drop_stale),
+        (32, 33, 0),
+        "{c:?}"
+    );
+}
+
 #[test]
 fn consumer_reject_carries_its_private_data() {
     let (mut s, sa, _sb) = setup(LinkConfig::default(), LinkConfig::default(), 3);
