@@ -277,6 +277,47 @@ fn engine_threads_run_on_the_cpus_they_are_given() {
     drop(dev);
 }
 
+/// Streams ask for a completion once per group of messages (perftest's `--cq-mod`):
+/// whatever the count, the last message is signaled, so every stream ends with all its
+/// messages counted and the destination byte-exact, also when it ends on time.
+#[test]
+fn streams_signaled_in_groups_count_every_message() {
+    if !need_root() {
+        return;
+    }
+    use roce_xdp::apps::workload::{Stream, signal_every};
+    use std::time::{Duration, Instant};
+    let pair = Pair::new("rxg", 31, 1500).unwrap();
+    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    let a = end(
+        Device::open(udp_in(&pair.a, pair.ip_a)).unwrap(),
+        QpType::Rc,
+        1 << 20,
+    );
+    let b = end(
+        Device::open(udp_in(&pair.b, pair.ip_b)).unwrap(),
+        QpType::Rc,
+        1 << 20,
+    );
+    join(&a, ip_a, &b, ip_b, 12);
+    let depth = 12;
+    assert_eq!(signal_every(depth), 3);
+    for op in [Stream::Write, Stream::Read, Stream::Send] {
+        // Counts that end on a group, one past it, and one short of it.
+        for n in [1u64, 2, 3, 4, 29, 30] {
+            let r = workload::stream(&a, &b, op, 1000, n * 1000, depth, &mut Progress::hidden())
+                .unwrap_or_else(|e| panic!("{op:?} of {n}: {e}"));
+            assert_eq!((r.ops, r.bytes), (n, n * 1000), "{op:?}");
+        }
+        let t = Instant::now();
+        let r = workload::stream_while(&a, &b, op, 1000, depth, &mut Progress::hidden(), |n| {
+            n % 7 != 0 || t.elapsed() < Duration::from_millis(50)
+        })
+        .unwrap_or_else(|e| panic!("{op:?} for 50 ms: {e}"));
+        assert!(r.ops > 0 && r.ops % 7 == 0, "{op:?}: {} messages", r.ops);
+    }
+}
+
 /// WRs the posting ring holds in compact form (up to 4 SGEs) and those that wait whole
 /// in its overflow ring (inline data, more SGEs) run in the order they were posted, on
 /// both queues, byte-exact.
