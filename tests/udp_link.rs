@@ -7,6 +7,7 @@
 
 mod common;
 use common::rt::*;
+use roce_xdp::apps::endpoint::Endpoint;
 use roce_xdp::apps::progress::Progress;
 use roce_xdp::apps::workload;
 use roce_xdp::capture::Capture;
@@ -277,17 +278,10 @@ fn engine_threads_run_on_the_cpus_they_are_given() {
     drop(dev);
 }
 
-/// Streams ask for a completion once per group of messages (perftest's `--cq-mod`):
-/// whatever the count, the last message is signaled, so every stream ends with all its
-/// messages counted and the destination byte-exact, also when it ends on time.
-#[test]
-fn streams_signaled_in_groups_count_every_message() {
-    if !need_root() {
-        return;
-    }
-    use roce_xdp::apps::workload::{Stream, signal_every};
-    use std::time::{Duration, Instant};
-    let pair = Pair::new("rxg", 31, 1500).unwrap();
+/// Two UDP-link devices in a new namespace pair `name`/`idx`, with an RC QP each
+/// (1 MiB registered) connected to the other.
+fn rc_pair(name: &str, idx: u8) -> (Pair, Endpoint, Endpoint) {
+    let pair = Pair::new(name, idx, 1500).unwrap();
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
     let a = end(
         Device::open(udp_in(&pair.a, pair.ip_a)).unwrap(),
@@ -300,6 +294,20 @@ fn streams_signaled_in_groups_count_every_message() {
         1 << 20,
     );
     join(&a, ip_a, &b, ip_b, 12);
+    (pair, a, b)
+}
+
+/// Streams ask for a completion once per group of messages (perftest's `--cq-mod`):
+/// whatever the count, the last message is signaled, so every stream ends with all its
+/// messages counted and the destination byte-exact, also when it ends on time.
+#[test]
+fn streams_signaled_in_groups_count_every_message() {
+    if !need_root() {
+        return;
+    }
+    use roce_xdp::apps::workload::{Stream, signal_every};
+    use std::time::{Duration, Instant};
+    let (_pair, a, b) = rc_pair("rxg", 31);
     let depth = 12;
     assert_eq!(signal_every(depth), 3);
     for op in [Stream::Write, Stream::Read, Stream::Send] {
@@ -327,19 +335,7 @@ fn compact_and_overflowing_wrs_run_in_posting_order() {
         return;
     }
     use std::time::Duration;
-    let pair = Pair::new("rxq", 29, 1500).unwrap();
-    let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
-    let a = end(
-        Device::open(udp_in(&pair.a, pair.ip_a)).unwrap(),
-        QpType::Rc,
-        1 << 20,
-    );
-    let b = end(
-        Device::open(udp_in(&pair.b, pair.ip_b)).unwrap(),
-        QpType::Rc,
-        1 << 20,
-    );
-    join(&a, ip_a, &b, ip_b, 12);
+    let (_pair, a, b) = rc_pair("rxq", 29);
     let data: Vec<u8> = (0..65536u32).map(|i| (i * 7 % 251) as u8).collect();
     a.mem.write(0, &data).unwrap();
     // B's receives: one SGE, or six of 100 bytes each (overflow).
@@ -372,7 +368,7 @@ fn compact_and_overflowing_wrs_run_in_posting_order() {
         a.qp.post_send(&wr.with_flags(wr.send_flags | SendFlags::SIGNALED))
             .unwrap();
     }
-    let ids = |e: &roce_xdp::apps::endpoint::Endpoint| -> Vec<(u64, u32)> {
+    let ids = |e: &Endpoint| -> Vec<(u64, u32)> {
         (0..n)
             .map(|_| {
                 let w = e.next_ok(Duration::from_secs(10)).unwrap();

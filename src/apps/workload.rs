@@ -217,7 +217,8 @@ pub fn stream(
 /// before it returns.
 ///
 /// One message in [`signal_every`]`(depth)` asks for a completion, and the last one
-/// always: a completion of an RC send queue retires every WR before it (IBA 10.8.3), so
+/// always: an RC send queue completes in order, so one completion retires every WR
+/// posted before it (unsignaled ones complete silently with it), and
 /// the count stays exact while the poster wakes once per group, as perftest's
 /// `--cq-mod` (default 100, at most the TX depth) makes its bandwidth tests do.
 pub fn stream_while(
