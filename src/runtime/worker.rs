@@ -605,12 +605,28 @@ const BELLS: usize = 0x10000 + 0x1000;
 /// batch, so a busy local conversation cannot starve the link.
 const LOOPBACK_BATCH: usize = 64;
 
+/// Pins engine thread `me` (the calling thread) to its CPU of `cfg.cpus`, if any.
+/// Checked against the affinity mask at open; a cpuset changed since only costs the
+/// placement.
+fn pin_shard(cfg: &RuntimeConfig, me: usize) {
+    if cfg.cpus.is_empty() {
+        return;
+    }
+    let cpu = cfg.cpus[me % cfg.cpus.len()];
+    if let Err(e) = crate::host::pin_to_cpu(cpu) {
+        tracing::warn!("engine thread {me}: {e}");
+    }
+}
+
 pub(crate) fn run(
     cfg: RuntimeConfig,
     set: Arc<ShardSet>,
     events: EventSink,
     ready: Sender<Result<DeviceInfo, String>>,
 ) {
+    // Pinned first, so the link's rings and buffers are first touched on the engine's
+    // CPU, and `Device::open` returns with every engine thread where it was asked to be.
+    pin_shard(&cfg, 0);
     let (engine, link, mut info, _lock) = match setup(&cfg) {
         Ok(x) => x,
         Err(e) => {
@@ -650,19 +666,33 @@ pub(crate) fn run(
         }
     };
     let mut others = Vec::new();
+    let (pinned_tx, pinned_rx) = crossbeam::channel::bounded(n);
     for k in (1..n).rev() {
         let Some(part) = parts.pop() else { break };
         let engine = Engine::new(engine.config().clone());
         let (set2, ev2, cfg2, tap2) = (set.clone(), events.clone(), cfg.clone(), tap.clone());
+        let pinned = pinned_tx.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("roce-xdp-engine{k}"))
-            .spawn(move || shard_loop(k, cfg2, engine, part, set2, ev2, tap2, Vec::new()));
+            .spawn(move || {
+                pin_shard(&cfg2, k);
+                let _ = pinned.send(());
+                shard_loop(k, cfg2, engine, part, set2, ev2, tap2, Vec::new())
+            });
         match spawned {
             Ok(h) => others.push(h),
             Err(e) => {
                 let _ = ready.send(Err(format!("spawning engine thread {k}: {e}")));
                 return;
             }
+        }
+    }
+    // Each of them pinned before the device is handed out (a thread that died first
+    // drops its sender, which ends the wait too).
+    drop(pinned_tx);
+    for _ in 0..others.len() {
+        if pinned_rx.recv().is_err() {
+            break;
         }
     }
     let Some(link) = parts.pop() else {
@@ -909,14 +939,6 @@ fn shard_loop(
     others: Vec<std::thread::JoinHandle<()>>,
 ) {
     let n = set.len();
-    if !cfg.cpus.is_empty() {
-        let cpu = cfg.cpus[me % cfg.cpus.len()];
-        // Checked against the affinity mask at open; a cpuset changed since only costs
-        // the placement.
-        if let Err(e) = crate::host::pin_to_cpu(cpu) {
-            tracing::warn!("engine thread {me}: {e}");
-        }
-    }
     let cmds = set.links[me].cmd_rx.clone();
     let wake_fd = set.links[me].wake.fd;
     let stats = set.stats[me].clone();
