@@ -652,8 +652,20 @@ fn one_engine_thread_per_queue() {
     assert_eq!(da.threads(), 2);
     println!("{}", da.info().link);
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
+    // A QP's thread follows its UDP port, a hash of both QP numbers (which start at a
+    // random number): six pairs all land on one thread in about one run of eighteen,
+    // so pairs are added, up to 24, until both threads of each device hold some (as the
+    // threads last published their counts, every few ms).
+    let spread = |d: &roce_xdp::runtime::Device| d.thread_stats().iter().all(|s| s.qps > 0);
     let mut ends = Vec::new();
-    for _ in 0..6 {
+    while ends.len() < 6 || {
+        std::thread::sleep(Duration::from_millis(30));
+        !(spread(&da) && spread(&db))
+    } {
+        assert!(
+            ends.len() < 24,
+            "24 QP pairs, and a thread still holds none"
+        );
         let a = end(da.clone(), QpType::Rc, (4 << 20) + 4096);
         let b = end(db.clone(), QpType::Rc, (4 << 20) + 4096);
         join(&a, ip_a, &b, ip_b, 12);
