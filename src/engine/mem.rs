@@ -374,14 +374,29 @@ pub struct Seg {
 
 /// A resolved scatter/gather list: what a work request reads from or writes to, checked
 /// once when posted. (Inline data stays in the send WR; see `SendWqe::gather`.)
+///
+/// `repr(C)`, the count first: a WQE deep in a queue is cold, and a one-SGE WR then
+/// finds the count and its entry on one cache line.
 #[derive(Debug, Clone, Default)]
+#[repr(C)]
 pub struct Segs {
-    segs: [Option<Seg>; MAX_SGE],
     n: u8,
     total: u64,
+    segs: [Option<Seg>; MAX_SGE],
 }
 
 impl Segs {
+    /// The bytes a one-entry list reads, counted from its start: the count, the total
+    /// and the first entry (the count and total come first, `repr(C)`).
+    pub(crate) const FIRST_ENTRY_END: usize = {
+        use std::mem::{offset_of, size_of};
+        let a = offset_of!(Segs, segs) + size_of::<Option<Seg>>();
+        let b = offset_of!(Segs, n) + 1;
+        let c = offset_of!(Segs, total) + 8;
+        let m = if a > b { a } else { b };
+        if m > c { m } else { c }
+    };
+
     /// Resolves `sges` against the table, into this (recycled) list: each key valid, of PD
     /// `pd`, the range inside its region, and LOCAL_WRITE granted if the engine will write
     /// (`write`). On error the list is left empty.

@@ -30,15 +30,18 @@ pub(crate) enum WqeState {
 }
 
 /// A posted send work request and its progress. Queued boxed and recycled through
-/// [`Pool`]: it is large, and is written once, in place, when posted.
+/// [`Pool`]: it is large, and is written once, in place, when posted. `repr(C)` with its
+/// progress first, then the resolved buffers, then the WR: the requester looks at the
+/// head of a WQE it did not touch for a while (a deep queue does not stay in cache), and
+/// a one-SGE WR then costs as few cache lines as it can.
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct SendWqe {
-    pub wr: SendWr,
-    pub segs: Segs,
-    /// Why the local buffers could not be resolved at post time, reported when reached.
-    pub seg_err: Option<AccessError>,
     pub state: WqeState,
     pub assigned: bool,
+    /// Holds one of the `max_rd_atomic` slots.
+    pub holds_rd: bool,
+    pub signaled: bool,
     pub first_psn: Psn,
     pub last_psn: Psn,
     /// Packets (PSNs) of the message.
@@ -49,13 +52,32 @@ pub(crate) struct SendWqe {
     pub sent_hi: u32,
     /// For a READ: the PSN index the (re-)request starts at.
     pub read_from: u32,
+    pub length: u64,
     /// For a READ: the position of the last response accepted for the current request.
     pub read_pos: Option<Position>,
-    /// Holds one of the `max_rd_atomic` slots.
-    pub holds_rd: bool,
-    pub signaled: bool,
-    pub length: u64,
+    /// Why the local buffers could not be resolved at post time, reported when reached.
+    pub seg_err: Option<AccessError>,
+    pub segs: Segs,
+    pub wr: SendWr,
 }
+
+// A one-SGE WR without inline data is read from a few cache lines of its WQE: the
+// progress fields at its head, the resolved list's count with its first entry, and the
+// WR's scalars with its SGE count and first SGE. Checked when building: a reordering
+// that spreads them out costs every posted WR more cache misses once a queue is cold.
+const _: () = {
+    use super::responder::RecvWqe;
+    use crate::verbs::SgList;
+    use std::mem::offset_of;
+    assert!(offset_of!(SendWqe, state) == 0);
+    assert!(offset_of!(SendWqe, segs) + Segs::FIRST_ENTRY_END <= 128);
+    assert!(offset_of!(SendWr, sg_list) + SgList::FIRST_ENTRY_END <= 128);
+    assert!(offset_of!(SendWr, rkey) < offset_of!(SendWr, sg_list));
+    assert!(offset_of!(SendWr, remote_addr) < offset_of!(SendWr, sg_list));
+    assert!(offset_of!(SendWr, inline) > offset_of!(SendWr, sg_list));
+    assert!(offset_of!(RecvWqe, segs) + Segs::FIRST_ENTRY_END <= 64);
+    assert!(offset_of!(RecvWqe, wr_id) < 64 && offset_of!(RecvWqe, err) < 64);
+};
 
 impl Default for SendWqe {
     fn default() -> Self {

@@ -29,12 +29,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// A posted receive WR with its buffers resolved. Queued boxed and recycled through
-/// [`Pool`](super::pool::Pool), like send WQEs.
+/// [`Pool`](super::pool::Pool), like send WQEs. `repr(C)`, the list last: a one-SGE
+/// receive is read from the WQE's first cache line.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub segs: Segs,
     pub err: Option<AccessError>,
+    pub segs: Segs,
 }
 
 impl RecvWqe {

@@ -1,6 +1,6 @@
 //! The rings that carry posted WRs from the posting threads to the engine thread.
 //!
-//! A whole `SendWr` is 656 bytes (16 SGEs and 256 bytes of inline data in place) and a
+//! A whole `SendWr` is 664 bytes (16 SGEs and 256 bytes of inline data in place) and a
 //! `RecvWr` 264, and a ring holds one per queue slot: 1000 QPs of 16-deep queues held
 //! 14 MiB of ring per side, which the engine thread walked through cold (`bench qps`).
 //! Most WRs use one SGE and no inline data, so a ring slot holds a compact form of up to

@@ -23,9 +23,10 @@ pub struct Sge {
 /// mean anything (equality looks at those alone), so a recycled list is refilled by
 /// copying just what the new WR uses.
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub struct SgList {
-    sges: [Sge; MAX_SGE],
     len: u8,
+    sges: [Sge; MAX_SGE],
 }
 
 impl Default for SgList {
@@ -38,6 +39,14 @@ impl Default for SgList {
 }
 
 impl SgList {
+    /// The bytes a one-entry list reads, counted from its start: the count and the
+    /// first entry (the count comes first, `repr(C)`, so they share a cache line).
+    pub(crate) const FIRST_ENTRY_END: usize = {
+        let a = std::mem::offset_of!(SgList, sges) + std::mem::size_of::<Sge>();
+        let b = std::mem::offset_of!(SgList, len) + 1;
+        if a > b { a } else { b }
+    };
+
     /// A list of the given entries; `None` if there are more than [`MAX_SGE`].
     #[inline]
     pub fn new(sges: &[Sge]) -> Option<SgList> {
@@ -86,9 +95,10 @@ impl std::fmt::Debug for SgList {
 /// Data carried inside a send WR (`IBV_SEND_INLINE`). Only the first `len` bytes mean
 /// anything (equality looks at those alone).
 #[derive(Clone, Copy)]
+#[repr(C)]
 pub struct InlineData {
-    buf: [u8; MAX_INLINE],
     len: u16,
+    buf: [u8; MAX_INLINE],
 }
 
 impl InlineData {
@@ -168,27 +178,32 @@ pub struct UdDest {
 }
 
 /// A send work request (`ibv_send_wr`).
+///
+/// `repr(C)` with the fields every WR uses first: the engine keeps thousands of these
+/// (inside its WQEs) and reads one per packet, so a one-SGE WR without inline data
+/// spans as few cache lines as it can.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct SendWr {
     pub wr_id: u64,
+    /// RDMA and atomic target.
+    pub remote_addr: u64,
+    /// Atomic operands: compare (CMP_AND_SWP) or add (FETCH_AND_ADD), and swap.
+    pub compare_add: u64,
+    pub swap: u64,
     pub opcode: WrOpcode,
     pub send_flags: SendFlags,
-    /// The local buffers (gathered for SEND/WRITE, scattered into for READ, 8 bytes for
-    /// the result of an atomic). Ignored when `inline` is set.
-    pub sg_list: SgList,
-    /// Inline data, used instead of `sg_list` with `SendFlags::INLINE`.
-    pub inline: Option<InlineData>,
     /// Immediate data for `*_WITH_IMM` (sent in network order).
     pub imm_data: u32,
     /// The R_Key `SEND_WITH_INV` asks the responder to invalidate, or the key
     /// `LOCAL_INV` invalidates.
     pub invalidate_rkey: u32,
-    /// RDMA and atomic target.
-    pub remote_addr: u64,
     pub rkey: u32,
-    /// Atomic operands: compare (CMP_AND_SWP) or add (FETCH_AND_ADD), and swap.
-    pub compare_add: u64,
-    pub swap: u64,
+    /// The local buffers (gathered for SEND/WRITE, scattered into for READ, 8 bytes for
+    /// the result of an atomic). Ignored when `inline` is set.
+    pub sg_list: SgList,
+    /// Inline data, used instead of `sg_list` with `SendFlags::INLINE`.
+    pub inline: Option<InlineData>,
     /// UD destination.
     pub ud: Option<UdDest>,
     /// What a BIND_MW binds.
@@ -197,7 +212,7 @@ pub struct SendWr {
 
 impl SendWr {
     /// Becomes a copy of `s` (equal to it), copying only the SGEs and inline bytes `s`
-    /// uses: a whole `SendWr` is 656 bytes (x86_64), and the engine refills a recycled WQE
+    /// uses: a whole `SendWr` is 664 bytes (x86_64), and the engine refills a recycled WQE
     /// with every WR posted.
     pub(crate) fn assign_from(&mut self, s: &SendWr) {
         let SendWr {
