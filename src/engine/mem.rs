@@ -385,17 +385,17 @@ pub struct Segs {
     segs: [Option<Seg>; MAX_SGE],
 }
 
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(Segs, n) < offset_of!(Segs, segs));
+    assert!(offset_of!(Segs, total) < offset_of!(Segs, segs));
+};
+
 impl Segs {
     /// The bytes a one-entry list reads, counted from its start: the count, the total
-    /// and the first entry (the count and total come first, `repr(C)`).
-    pub(crate) const FIRST_ENTRY_END: usize = {
-        use std::mem::{offset_of, size_of};
-        let a = offset_of!(Segs, segs) + size_of::<Option<Seg>>();
-        let b = offset_of!(Segs, n) + 1;
-        let c = offset_of!(Segs, total) + 8;
-        let m = if a > b { a } else { b };
-        if m > c { m } else { c }
-    };
+    /// and the first entry (the count and total come first, checked below).
+    pub(crate) const FIRST_ENTRY_END: usize =
+        std::mem::offset_of!(Segs, segs) + std::mem::size_of::<Option<Seg>>();
 
     /// Resolves `sges` against the table, into this (recycled) list: each key valid, of PD
     /// `pd`, the range inside its region, and LOCAL_WRITE granted if the engine will write

@@ -39,6 +39,13 @@ pub(crate) struct RecvWqe {
     pub segs: Segs,
 }
 
+// Checked when building (see the send WQE's checks in `requester`).
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(RecvWqe, segs) + Segs::FIRST_ENTRY_END <= 64);
+    assert!(offset_of!(RecvWqe, wr_id) < 64 && offset_of!(RecvWqe, err) < 64);
+};
+
 impl RecvWqe {
     /// A recycled WQE for `wr`, its buffers resolved against PD `pd`.
     pub fn new(ctx: &mut Ctx, pd: u32, wr: &RecvWr) -> Box<RecvWqe> {

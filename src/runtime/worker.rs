@@ -666,7 +666,7 @@ pub(crate) fn run(
         }
     };
     let mut others = Vec::new();
-    let (pinned_tx, pinned_rx) = crossbeam::channel::bounded(n);
+    let (pinned_tx, pinned_rx) = crossbeam::channel::bounded::<()>(0);
     for k in (1..n).rev() {
         let Some(part) = parts.pop() else { break };
         let engine = Engine::new(engine.config().clone());
@@ -676,7 +676,7 @@ pub(crate) fn run(
             .name(format!("roce-xdp-engine{k}"))
             .spawn(move || {
                 pin_shard(&cfg2, k);
-                let _ = pinned.send(());
+                drop(pinned);
                 shard_loop(k, cfg2, engine, part, set2, ev2, tap2, Vec::new())
             });
         match spawned {
@@ -687,14 +687,10 @@ pub(crate) fn run(
             }
         }
     }
-    // Each of them pinned before the device is handed out (a thread that died first
-    // drops its sender, which ends the wait too).
+    // Each of them pinned before the device is handed out: a thread drops its sender
+    // once pinned (or when it dies), and `recv` returns when every sender is gone.
     drop(pinned_tx);
-    for _ in 0..others.len() {
-        if pinned_rx.recv().is_err() {
-            break;
-        }
-    }
+    let _ = pinned_rx.recv();
     let Some(link) = parts.pop() else {
         let _ = ready.send(Err("no link part left for engine thread 0".into()));
         return;

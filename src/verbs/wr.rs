@@ -38,14 +38,13 @@ impl Default for SgList {
     }
 }
 
+const _: () = assert!(std::mem::offset_of!(SgList, len) < std::mem::offset_of!(SgList, sges));
+
 impl SgList {
     /// The bytes a one-entry list reads, counted from its start: the count and the
-    /// first entry (the count comes first, `repr(C)`, so they share a cache line).
-    pub(crate) const FIRST_ENTRY_END: usize = {
-        let a = std::mem::offset_of!(SgList, sges) + std::mem::size_of::<Sge>();
-        let b = std::mem::offset_of!(SgList, len) + 1;
-        if a > b { a } else { b }
-    };
+    /// first entry (the count comes first, checked below, so they share a cache line).
+    pub(crate) const FIRST_ENTRY_END: usize =
+        std::mem::offset_of!(SgList, sges) + std::mem::size_of::<Sge>();
 
     /// A list of the given entries; `None` if there are more than [`MAX_SGE`].
     #[inline]
