@@ -11,7 +11,10 @@ use super::mem::{AccessError, Segs};
 use super::pool::Recycle;
 use super::qp::Qp;
 use crate::time::Time;
-use crate::verbs::{QpAttr, QpState, QpType, SendFlags, SendWr, Wc, WcFlags, WcStatus, WrOpcode};
+use crate::verbs::wr::InlineData;
+use crate::verbs::{
+    MwBind, QpAttr, QpState, QpType, SendFlags, SendWr, UdDest, Wc, WcFlags, WcStatus, WrOpcode,
+};
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, ExtRepr, IethRepr, ImmDtRepr, Opcode, Operation, Position,
     Psn, RethRepr, Transport,
@@ -30,10 +33,11 @@ pub(crate) enum WqeState {
 }
 
 /// A posted send work request and its progress. Queued boxed and recycled through
-/// [`Pool`]: it is large, and is written once, in place, when posted. `repr(C)` with its
-/// progress first, then the resolved buffers, then the WR: the requester looks at the
+/// [`Pool`]: it is written once, in place, when posted. `repr(C)` with its progress
+/// first, then the WR's scalars, then the resolved buffers: the requester looks at the
 /// head of a WQE it did not touch for a while (a deep queue does not stay in cache), and
-/// a one-SGE WR then costs as few cache lines as it can.
+/// a one-SGE WR then touches the first three cache lines and no others (the list's
+/// unused entries are never read or written).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct SendWqe {
@@ -42,6 +46,8 @@ pub(crate) struct SendWqe {
     /// Holds one of the `max_rd_atomic` slots.
     pub holds_rd: bool,
     pub signaled: bool,
+    /// `extra` holds this WR's inline data, UD destination or bind (else it is stale).
+    has_extra: bool,
     pub first_psn: Psn,
     pub last_psn: Psn,
     /// Packets (PSNs) of the message.
@@ -57,29 +63,79 @@ pub(crate) struct SendWqe {
     pub read_pos: Option<Position>,
     /// Why the local buffers could not be resolved at post time, reported when reached.
     pub seg_err: Option<AccessError>,
+    pub wr: WqeWr,
+    /// Allocated the first time this (pooled) WQE carries a WR that needs it, then kept:
+    /// 360 bytes most WRs never use, out of line so they cost no cache lines.
+    extra: Option<Box<WrExtra>>,
     pub segs: Segs,
-    pub wr: SendWr,
 }
 
-// A one-SGE WR without inline data is read from a few cache lines of its WQE: the
-// progress fields at its head, the resolved list's count with its first entry, and the
-// WR's scalars with its SGE count and first SGE. Checked when building: a reordering
-// that spreads them out costs every posted WR more cache misses once a queue is cold.
+/// A posted WR's scalars (`SendWr` without its lists: the SGEs are resolved into
+/// `SendWqe::segs`, the rest is in [`WrExtra`]).
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub(crate) struct WqeWr {
+    pub wr_id: u64,
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub opcode: WrOpcode,
+    pub send_flags: SendFlags,
+    pub imm_data: u32,
+    pub invalidate_rkey: u32,
+    pub rkey: u32,
+}
+
+impl WqeWr {
+    fn of(wr: &SendWr) -> WqeWr {
+        WqeWr {
+            wr_id: wr.wr_id,
+            remote_addr: wr.remote_addr,
+            compare_add: wr.compare_add,
+            swap: wr.swap,
+            opcode: wr.opcode,
+            send_flags: wr.send_flags,
+            imm_data: wr.imm_data,
+            invalidate_rkey: wr.invalidate_rkey,
+            rkey: wr.rkey,
+        }
+    }
+
+    /// True when `wr` needs [`WrExtra`]: inline data it sends, a UD destination or a
+    /// window to bind.
+    fn needs_extra(wr: &SendWr) -> bool {
+        (wr.inline.is_some() && wr.send_flags.contains(SendFlags::INLINE))
+            || wr.ud.is_some()
+            || wr.bind.is_some()
+    }
+}
+
+/// The parts of a send WR that few WRs have.
+#[derive(Debug, Default)]
+struct WrExtra {
+    inline: Option<InlineData>,
+    ud: Option<UdDest>,
+    bind: Option<MwBind>,
+}
+
+// A one-SGE WR without inline data is read from the first three cache lines of its
+// WQE: the progress fields, the WR's scalars, the resolved list's count and its first
+// entry. Checked when building: a reordering that spreads them out costs every posted
+// WR more cache misses once a queue is cold.
 const _: () = {
-    use crate::verbs::SgList;
     use std::mem::offset_of;
     assert!(offset_of!(SendWqe, state) == 0);
-    assert!(offset_of!(SendWqe, segs) + Segs::FIRST_ENTRY_END <= 128);
-    assert!(offset_of!(SendWr, sg_list) + SgList::FIRST_ENTRY_END <= 128);
-    assert!(offset_of!(SendWr, rkey) < offset_of!(SendWr, sg_list));
-    assert!(offset_of!(SendWr, remote_addr) < offset_of!(SendWr, sg_list));
-    assert!(offset_of!(SendWr, inline) > offset_of!(SendWr, sg_list));
+    assert!(offset_of!(SendWqe, wr) < offset_of!(SendWqe, segs));
+    assert!(offset_of!(SendWqe, extra) < offset_of!(SendWqe, segs));
+    assert!(offset_of!(SendWqe, segs) + Segs::FIRST_ENTRY_END <= 192);
 };
 
 impl Default for SendWqe {
     fn default() -> Self {
         SendWqe {
-            wr: SendWr::send(0, &[]),
+            wr: WqeWr::of(&SendWr::send(0, &[])),
+            has_extra: false,
+            extra: None,
             segs: Segs::default(),
             seg_err: None,
             state: WqeState::Sending,
@@ -100,12 +156,14 @@ impl Default for SendWqe {
 
 impl Recycle for SendWqe {
     /// Drops the regions it held and puts its progress back to that of a new WQE (as
-    /// `Default` makes it), so `post_send` fills in only what comes from the WR.
+    /// `Default` makes it), so `post_send` fills in only what comes from the WR. The
+    /// extra part stays allocated (its contents are plain data).
     fn recycle(&mut self) {
         self.segs.clear();
         self.seg_err = None;
         self.state = WqeState::Sending;
         self.assigned = false;
+        self.has_extra = false;
         self.first_psn = Psn::default();
         self.last_psn = Psn::default();
         self.npkts = 0;
@@ -118,10 +176,46 @@ impl Recycle for SendWqe {
 }
 
 impl SendWqe {
+    /// Fills this recycled WQE's WR part from `wr`.
+    fn assign(&mut self, wr: &SendWr) {
+        self.wr = WqeWr::of(wr);
+        self.has_extra = WqeWr::needs_extra(wr);
+        if self.has_extra {
+            // At most once per pooled WQE: recycling keeps the box.
+            let e = self.extra.get_or_insert_with(Box::default);
+            match (&mut e.inline, &wr.inline) {
+                (Some(d), Some(x)) => d.assign(x),
+                (d, x) => *d = *x,
+            }
+            e.ud = wr.ud;
+            e.bind = wr.bind;
+        }
+    }
+
+    fn extra(&self) -> Option<&WrExtra> {
+        if self.has_extra {
+            self.extra.as_deref()
+        } else {
+            None
+        }
+    }
+
+    /// The UD destination of the WR.
+    fn ud(&self) -> Option<UdDest> {
+        self.extra().and_then(|e| e.ud)
+    }
+
+    /// What a BIND_MW WR binds.
+    fn bind(&self) -> Option<MwBind> {
+        self.extra().and_then(|e| e.bind)
+    }
+
     /// The inline data of an `IBV_SEND_INLINE` WR, which is the message itself.
     fn inline(&self) -> Option<&[u8]> {
         if self.wr.send_flags.contains(SendFlags::INLINE) {
-            self.wr.inline.as_ref().map(|d| d.as_slice())
+            self.extra()
+                .and_then(|e| e.inline.as_ref())
+                .map(|d| d.as_slice())
         } else {
             None
         }
@@ -545,7 +639,7 @@ impl Qp {
                 .resolve_into(&ctx.mrs, self.pd, &wr.sg_list, write_local)
                 .err();
         }
-        w.wr.assign_from(wr);
+        w.assign(wr);
         w.signaled = self.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
         w.length = length;
         self.req.sq.push_back(w);
@@ -658,7 +752,7 @@ impl Qp {
                     if idx != 0 {
                         return None;
                     }
-                    let st = match (op, w.wr.bind) {
+                    let st = match (op, w.bind()) {
                         (WrOpcode::BindMw, Some(b)) => {
                             match ctx.mrs.bind_window(self.pd, self.qpn, &b) {
                                 Ok(()) => WcStatus::Success,
@@ -921,7 +1015,7 @@ impl Qp {
 
     fn send_ud(&mut self, ctx: &mut Ctx, now: Time, buf: &mut [u8], idx: usize) -> Option<usize> {
         let w = &self.req.sq[idx];
-        let Some(dest) = w.wr.ud else {
+        let Some(dest) = w.ud() else {
             self.fail_wqe(ctx, now, idx, WcStatus::LocQpOpErr);
             return None;
         };
@@ -1078,6 +1172,80 @@ pub(crate) const ACK_REQ_ENDS: u32 = 16;
 /// The local ACK timeout: 4.096 us x 2^timeout (IBA 9.7.6.1.3).
 pub(crate) fn timeout_ns(t: u8) -> u64 {
     4096u64 << u32::from(t.min(31))
+}
+
+#[cfg(test)]
+mod wqe_tests {
+    use super::*;
+    use crate::verbs::{AccessFlags, AddressVector, Gid, Sge};
+
+    /// One recycled WQE carries WRs of every kind in turn: each sees its own inline
+    /// data, UD destination and bind, never the previous WR's, and the out-of-line part
+    /// is allocated once and kept.
+    #[test]
+    fn a_recycled_wqe_holds_only_its_own_wrs_extras() {
+        let sge = Sge {
+            addr: 0x1000,
+            length: 64,
+            lkey: 5,
+        };
+        let dest = UdDest {
+            ah: AddressVector::new(Gid::default(), 0),
+            remote_qpn: 77,
+            remote_qkey: 0x1111,
+        };
+        let bind = MwBind {
+            mw: 3,
+            rkey: 0x300,
+            lkey: 5,
+            addr: 0x1000,
+            length: 64,
+            access: AccessFlags::REMOTE_WRITE,
+        };
+        let long = SendWr::send(1, &[]).with_inline(&[0xaa; 200]).unwrap();
+        let short = SendWr::send(2, &[]).with_inline(&[1, 2, 3]).unwrap();
+        // Inline data without the INLINE flag is not the message.
+        let unflagged = SendWr {
+            send_flags: SendFlags::SIGNALED,
+            ..short
+        };
+        let ud = SendWr::send(3, &[sge]).with_ud(dest);
+        let bw = SendWr::bind_mw(4, bind);
+        let plain = SendWr::write(5, &[sge], 0x2000, 9).with_imm(7);
+        let mut w = SendWqe::default();
+        let mut kept = None;
+        for wr in [&long, &plain, &short, &ud, &unflagged, &bw, &plain, &long] {
+            w.recycle();
+            w.assign(wr);
+            assert_eq!(w.wr.wr_id, wr.wr_id);
+            assert_eq!(w.wr.opcode, wr.opcode);
+            assert_eq!(w.wr.remote_addr, wr.remote_addr);
+            assert_eq!(w.wr.rkey, wr.rkey);
+            assert_eq!(w.wr.imm_data, wr.imm_data);
+            let want_inline = if wr.send_flags.contains(SendFlags::INLINE) {
+                wr.inline.as_ref().map(|d| d.as_slice().to_vec())
+            } else {
+                None
+            };
+            assert_eq!(
+                w.inline().map(|d| d.to_vec()),
+                want_inline,
+                "wr {}",
+                wr.wr_id
+            );
+            assert_eq!(w.ud(), wr.ud, "wr {}", wr.wr_id);
+            assert_eq!(w.bind(), wr.bind, "wr {}", wr.wr_id);
+            if let Some(e) = w.extra.as_deref() {
+                let at = e as *const WrExtra;
+                assert_eq!(
+                    *kept.get_or_insert(at),
+                    at,
+                    "the extra part was reallocated"
+                );
+            }
+        }
+        assert!(kept.is_some());
+    }
 }
 
 #[cfg(test)]

@@ -41,11 +41,6 @@ impl Default for SgList {
 const _: () = assert!(std::mem::offset_of!(SgList, len) < std::mem::offset_of!(SgList, sges));
 
 impl SgList {
-    /// The bytes a one-entry list reads, counted from its start: the count and the
-    /// first entry (the count comes first, checked below, so they share a cache line).
-    pub(crate) const FIRST_ENTRY_END: usize =
-        std::mem::offset_of!(SgList, sges) + std::mem::size_of::<Sge>();
-
     /// A list of the given entries; `None` if there are more than [`MAX_SGE`].
     #[inline]
     pub fn new(sges: &[Sge]) -> Option<SgList> {
@@ -69,12 +64,6 @@ impl SgList {
     /// Sum of the lengths (u64: it cannot overflow).
     pub fn total_len(&self) -> u64 {
         self.as_slice().iter().map(|s| u64::from(s.length)).sum()
-    }
-    /// Becomes a copy of `o`, writing only the entries `o` uses.
-    fn assign(&mut self, o: &SgList) {
-        let n = usize::from(o.len);
-        self.sges[..n].copy_from_slice(&o.sges[..n]);
-        self.len = o.len;
     }
 }
 
@@ -117,7 +106,7 @@ impl InlineData {
         &self.buf[..usize::from(self.len)]
     }
     /// Becomes a copy of `o`, writing only the bytes `o` uses.
-    fn assign(&mut self, o: &InlineData) {
+    pub(crate) fn assign(&mut self, o: &InlineData) {
         let n = usize::from(o.len);
         self.buf[..n].copy_from_slice(&o.buf[..n]);
         self.len = o.len;
@@ -178,9 +167,8 @@ pub struct UdDest {
 
 /// A send work request (`ibv_send_wr`).
 ///
-/// `repr(C)` with the fields every WR uses first: the engine keeps thousands of these
-/// (inside its WQEs) and reads one per packet, so a one-SGE WR without inline data
-/// spans as few cache lines as it can.
+/// `repr(C)` with the fields every WR uses first, so a one-SGE WR without inline data
+/// spans few cache lines when the engine reads it to post it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct SendWr {
@@ -210,43 +198,6 @@ pub struct SendWr {
 }
 
 impl SendWr {
-    /// Becomes a copy of `s` (equal to it), copying only the SGEs and inline bytes `s`
-    /// uses: a whole `SendWr` is 664 bytes (x86_64), and the engine refills a recycled WQE
-    /// with every WR posted.
-    pub(crate) fn assign_from(&mut self, s: &SendWr) {
-        let SendWr {
-            wr_id,
-            opcode,
-            send_flags,
-            ref sg_list,
-            ref inline,
-            imm_data,
-            invalidate_rkey,
-            remote_addr,
-            rkey,
-            compare_add,
-            swap,
-            ud,
-            bind,
-        } = *s;
-        self.wr_id = wr_id;
-        self.opcode = opcode;
-        self.send_flags = send_flags;
-        self.sg_list.assign(sg_list);
-        match (&mut self.inline, inline) {
-            (Some(d), Some(x)) => d.assign(x),
-            (d, x) => *d = *x,
-        }
-        self.imm_data = imm_data;
-        self.invalidate_rkey = invalidate_rkey;
-        self.remote_addr = remote_addr;
-        self.rkey = rkey;
-        self.compare_add = compare_add;
-        self.swap = swap;
-        self.ud = ud;
-        self.bind = bind;
-    }
-
     #[inline]
     fn base(wr_id: u64, opcode: WrOpcode, sges: &[Sge]) -> SendWr {
         SendWr {
@@ -446,46 +397,6 @@ impl Wc {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn assign_from_makes_an_equal_wr_whatever_was_there() {
-        let sge = |i: u32| Sge {
-            addr: u64::from(i) * 64,
-            length: 64,
-            lkey: i,
-        };
-        let many: Vec<Sge> = (0..MAX_SGE as u32).map(sge).collect();
-        let big = SendWr::write(1, &many, 0x1000, 7).with_imm(9);
-        let inline_big = SendWr::send(2, &[])
-            .with_inline(&[0xaa; MAX_INLINE])
-            .unwrap();
-        let inline_small = SendWr::send(3, &[]).with_inline(&[1, 2, 3]).unwrap();
-        let small = SendWr::send(4, &[sge(5)]);
-        let mut w = big;
-        for src in [
-            &small,
-            &inline_big,
-            &inline_small,
-            &big,
-            &small,
-            &inline_small,
-        ] {
-            w.assign_from(src);
-            assert_eq!(&w, src);
-            assert_eq!(w.sg_list.as_slice(), src.sg_list.as_slice());
-            assert_eq!(
-                w.inline.as_ref().map(|d| d.as_slice().to_vec()),
-                src.inline.as_ref().map(|d| d.as_slice().to_vec())
-            );
-        }
-        // Stale entries past the length are not part of the value.
-        assert_ne!(w, small);
-        assert_eq!(SgList::new(&[sge(1)]), {
-            let mut l = SgList::new(&many).unwrap();
-            l.assign(&SgList::new(&[sge(1)]).unwrap());
-            Some(l)
-        });
-    }
 
     #[test]
     fn lists_and_builders() {
