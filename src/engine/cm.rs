@@ -968,7 +968,7 @@ impl Cm {
                 },
                 payload: &[],
             };
-            let id = ctx.next_ip_id();
+            let id = Ctx::next_ip_id();
             match path
                 .tpl
                 .emit(buf, id, &roce, mad::MAD_LEN, |d| d.copy_from_slice(&m[..]))

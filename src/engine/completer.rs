@@ -306,7 +306,7 @@ impl Qp {
             self.fail_at(ctx, now, psn, WcStatus::BadRespErr);
             return;
         }
-        if w.segs.scatter(off, payload).is_err() {
+        if w.segs.scatter(&ctx.mrs, off, payload).is_err() {
             self.fail_at(ctx, now, psn, WcStatus::LocProtErr);
             return;
         }
@@ -342,7 +342,7 @@ impl Qp {
         // applications read it (rxe does the same).
         if self.req.sq[idx]
             .segs
-            .scatter(0, &orig.to_ne_bytes())
+            .scatter(&ctx.mrs, 0, &orig.to_ne_bytes())
             .is_err()
         {
             self.fail_at(ctx, now, psn, WcStatus::LocProtErr);

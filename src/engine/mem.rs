@@ -363,17 +363,51 @@ impl MrTable {
     }
 }
 
-/// One resolved local segment.
-#[derive(Debug, Clone)]
+/// One resolved local segment: the L_Key it was checked with at post time and where it
+/// lies in the region's memory. It holds no reference to the region: each access looks
+/// the key up again (as rxe's `copy_data` does per packet), so a region deregistered or
+/// invalidated while the WR is queued fails that access, and posting and retiring a WR
+/// cost no atomic reference count.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Seg {
-    pub mr: Arc<MrInner>,
+    lkey: u32,
+    len: u32,
     /// Offset in the region's memory.
-    pub off: usize,
-    pub len: u32,
+    off: usize,
+}
+
+impl Seg {
+    /// The region holding bytes `at..at + n` of this segment, looked up again: gone (or
+    /// its key reused, invalidated, or no longer covering the bytes) means the region the
+    /// WR was posted with was deregistered or invalidated. An 8-bit key byte can come
+    /// back at the same index after 256 registrations there, as in rxe and hardware;
+    /// the PD and range checks keep such a key inside a region the WR's PD may use.
+    fn region<'a>(
+        &self,
+        mrs: &'a MrTable,
+        pd: u32,
+        at: usize,
+        n: usize,
+    ) -> Result<&'a MrInner, AccessError> {
+        let mr = mrs
+            .lookup(self.lkey, false, pd)
+            .map_err(|_| AccessError::Invalidated)?;
+        let start = self.off.checked_add(at).ok_or(AccessError::Range)?;
+        let inside = start
+            .checked_sub(mr.offset)
+            .and_then(|o| (o as u64).checked_add(n as u64))
+            .is_some_and(|end| end <= mr.info.length);
+        if inside {
+            Ok(mr)
+        } else {
+            Err(AccessError::Invalidated)
+        }
+    }
 }
 
 /// A resolved scatter/gather list: what a work request reads from or writes to, checked
-/// once when posted. (Inline data stays in the send WR; see `SendWqe::gather`.)
+/// once when posted and looked up in the region table at each access. (Inline data stays
+/// in the send WQE; see `SendWqe::gather`.)
 ///
 /// `repr(C)`, the count first: a WQE deep in a queue is cold, and a one-SGE WR then
 /// finds the count and its entry on one cache line.
@@ -381,13 +415,16 @@ pub struct Seg {
 #[repr(C)]
 pub struct Segs {
     n: u8,
+    /// The PD the keys were checked against (a receive queue's may be its SRQ's).
+    pd: u32,
     total: u64,
-    segs: [Option<Seg>; MAX_SGE],
+    segs: [Seg; MAX_SGE],
 }
 
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(Segs, n) < offset_of!(Segs, segs));
+    assert!(offset_of!(Segs, pd) < offset_of!(Segs, segs));
     assert!(offset_of!(Segs, total) < offset_of!(Segs, segs));
 };
 
@@ -395,7 +432,7 @@ impl Segs {
     /// The bytes a one-entry list reads, counted from its start: the count, the total
     /// and the first entry (the count and total come first, checked below).
     pub(crate) const FIRST_ENTRY_END: usize =
-        std::mem::offset_of!(Segs, segs) + std::mem::size_of::<Option<Seg>>();
+        std::mem::offset_of!(Segs, segs) + std::mem::size_of::<Seg>();
 
     /// Resolves `sges` against the table, into this (recycled) list: each key valid, of PD
     /// `pd`, the range inside its region, and LOCAL_WRITE granted if the engine will write
@@ -408,6 +445,7 @@ impl Segs {
         write: bool,
     ) -> Result<(), AccessError> {
         self.clear();
+        self.pd = pd;
         let r = self.fill(mrs, pd, sges, write);
         if r.is_err() {
             self.clear();
@@ -422,7 +460,8 @@ impl Segs {
         sges: &SgList,
         write: bool,
     ) -> Result<(), AccessError> {
-        for (i, sge) in sges.as_slice().iter().enumerate() {
+        let mut n = 0;
+        for sge in sges.as_slice() {
             if sge.length == 0 {
                 continue;
             }
@@ -434,23 +473,20 @@ impl Segs {
             let off = mr
                 .range(addr, u64::from(length))
                 .ok_or(AccessError::Range)?;
-            self.segs[i] = Some(Seg {
-                mr: mr.clone(),
-                off,
+            self.segs[n] = Seg {
+                lkey,
                 len: length,
-            });
-            self.n = (i + 1) as u8;
+                off,
+            };
+            n += 1;
+            self.n = n as u8;
             self.total += u64::from(length);
         }
         Ok(())
     }
 
-    /// Empties the list, releasing its memory regions (only the entries in use are
-    /// touched, so clearing a recycled list costs what the last WR used).
+    /// Empties the list (it holds no references, so this writes two fields).
     pub fn clear(&mut self) {
-        for s in &mut self.segs[..usize::from(self.n)] {
-            *s = None;
-        }
         self.n = 0;
         self.total = 0;
     }
@@ -460,28 +496,27 @@ impl Segs {
     }
 
     fn iter(&self) -> impl Iterator<Item = &Seg> {
-        self.segs[..usize::from(self.n)].iter().flatten()
+        self.segs[..usize::from(self.n)].iter()
     }
 
     /// Checks that message bytes `off..off + len` can be read or written now (every
     /// region they touch still valid), without copying.
-    pub fn check(&self, off: u64, len: usize) -> Result<(), AccessError> {
-        self.walk(off, len, |_, _, _, _| Ok(()))
+    pub fn check(&self, mrs: &MrTable, off: u64, len: usize) -> Result<(), AccessError> {
+        self.walk(mrs, off, len, |_, _, _, _| Ok(()))
     }
 
     /// Copies message bytes `off..off + dst.len()` into `dst`.
-    pub fn gather(&self, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
-        self.walk(off, dst.len(), |seg, seg_off, at, n| {
-            seg.mr
-                .memory()
-                .read(seg.off + seg_off, &mut dst[at..at + n])
+    pub fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        self.walk(mrs, off, dst.len(), |mr, mem_off, at, n| {
+            mr.memory()
+                .read(mem_off, &mut dst[at..at + n])
                 .map_err(|_| AccessError::Range)
         })
     }
 
     /// Warms the cache for message bytes `off..off + len` (see [`Memory::prefetch`]);
     /// the part past the message's end, or in a region no longer valid, is skipped.
-    pub fn prefetch(&self, off: u64, len: usize) {
+    pub fn prefetch(&self, mrs: &MrTable, off: u64, len: usize) {
         let mut skip = off;
         let mut left = len;
         for seg in self.iter() {
@@ -494,31 +529,35 @@ impl Segs {
                 continue;
             }
             let n = ((l - skip) as usize).min(left);
-            if seg.mr.is_valid() {
-                seg.mr.memory().prefetch(seg.off + skip as usize, n);
+            if let Ok(mr) = seg.region(mrs, self.pd, skip as usize, n) {
+                mr.memory().prefetch(seg.off + skip as usize, n);
             }
             left -= n;
             skip = 0;
         }
     }
 
-    /// Copies `src` into message bytes `off..off + src.len()`.
-    pub fn scatter(&self, off: u64, src: &[u8]) -> Result<(), AccessError> {
-        self.walk(off, src.len(), |seg, seg_off, at, n| {
-            seg.mr
-                .memory()
-                .write(seg.off + seg_off, &src[at..at + n])
+    /// Copies `src` into message bytes `off..off + src.len()`. The regions must still
+    /// grant LOCAL_WRITE (checked at post time too; `ibv_rereg_mr` may have changed it).
+    pub fn scatter(&self, mrs: &MrTable, off: u64, src: &[u8]) -> Result<(), AccessError> {
+        self.walk(mrs, off, src.len(), |mr, mem_off, at, n| {
+            if !mr.access().contains(AccessFlags::LOCAL_WRITE) {
+                return Err(AccessError::Permission);
+            }
+            mr.memory()
+                .write(mem_off, &src[at..at + n])
                 .map_err(|_| AccessError::Range)
         })
     }
 
-    /// Calls `f(seg, offset in seg, offset in the caller's buffer, count)` for each piece
-    /// of message bytes `off..off+len`.
+    /// Calls `f(region, offset in its memory, offset in the caller's buffer, count)` for
+    /// each piece of message bytes `off..off+len`, each region looked up by its key.
     fn walk(
         &self,
+        mrs: &MrTable,
         off: u64,
         len: usize,
-        mut f: impl FnMut(&Seg, usize, usize, usize) -> Result<(), AccessError>,
+        mut f: impl FnMut(&MrInner, usize, usize, usize) -> Result<(), AccessError>,
     ) -> Result<(), AccessError> {
         if off.checked_add(len as u64).is_none_or(|e| e > self.total) {
             return Err(AccessError::Range);
@@ -534,12 +573,10 @@ impl Segs {
                 skip -= l;
                 continue;
             }
-            if !seg.mr.is_valid() {
-                return Err(AccessError::Invalidated);
-            }
             let seg_off = skip as usize;
             let n = (seg.len as usize - seg_off).min(len - at);
-            f(seg, seg_off, at, n)?;
+            let mr = seg.region(mrs, self.pd, seg_off, n)?;
+            f(mr, seg.off + seg_off, at, n)?;
             at += n;
             skip = 0;
         }
@@ -741,14 +778,14 @@ mod tests {
         let mut s = Segs::default();
         s.resolve_into(&t, 1, &sges, true).unwrap();
         assert_eq!(s.total(), 12);
-        s.scatter(3, &[1, 2, 3, 4, 5]).unwrap();
+        s.scatter(&t, 3, &[1, 2, 3, 4, 5]).unwrap();
         assert_eq!(mem.to_vec(13, 2).unwrap(), [1, 2]);
         assert_eq!(mem.to_vec(200, 3).unwrap(), [3, 4, 5]);
         let mut out = [0u8; 5];
-        s.gather(3, &mut out).unwrap();
+        s.gather(&t, 3, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 4, 5]);
-        assert!(s.gather(8, &mut [0u8; 5]).is_err());
-        assert!(s.scatter(u64::MAX, &[1]).is_err());
+        assert!(s.gather(&t, 8, &mut [0u8; 5]).is_err());
+        assert!(s.scatter(&t, u64::MAX, &[1]).is_err());
         // Without LOCAL_WRITE the list cannot be written.
         let b = t
             .register(
@@ -776,7 +813,38 @@ mod tests {
         s.resolve_into(&t, 1, &sges, false).unwrap();
         t.deregister(b.lkey).unwrap();
         assert_eq!(
-            s.gather(0, &mut [0u8; 5]).unwrap_err(),
+            s.gather(&t, 0, &mut [0u8; 5]).unwrap_err(),
+            AccessError::Invalidated
+        );
+        // A region registered next takes the freed slot with another key: the list
+        // resolved against the old one does not reach it.
+        let c = t
+            .register(&mut rng, 1, mem.clone(), 0, 4096, mem.addr(), lw, 10)
+            .unwrap();
+        assert_eq!(c.lkey >> 8, b.lkey >> 8, "the slot is reused");
+        assert_ne!(c.lkey, b.lkey);
+        assert_eq!(
+            s.gather(&t, 0, &mut [0u8; 5]).unwrap_err(),
+            AccessError::Invalidated
+        );
+        let mut fresh = Segs::default();
+        fresh
+            .resolve_into(
+                &t,
+                1,
+                &SgList::new(&[Sge {
+                    lkey: c.lkey,
+                    ..sges.as_slice()[0]
+                }])
+                .unwrap(),
+                true,
+            )
+            .unwrap();
+        fresh.gather(&t, 0, &mut [0u8; 5]).unwrap();
+        // Checked against the PD it was posted with: another PD's list fails.
+        fresh.pd = 2;
+        assert_eq!(
+            fresh.gather(&t, 0, &mut [0u8; 5]).unwrap_err(),
             AccessError::Invalidated
         );
     }

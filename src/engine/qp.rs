@@ -1,9 +1,9 @@
 //! A queue pair: its attributes, state, path, and the three roles that run on it (the
 //! requester and completer share the send queue; the responder owns the receive side).
 
-use super::Ctx;
 use super::requester::Requester;
 use super::responder::Responder;
+use super::{Counters, Ctx};
 use crate::time::Time;
 use crate::verbs::device::ip_of;
 use crate::verbs::{
@@ -192,7 +192,7 @@ impl Qp {
     /// bytes that `fill` writes in place. `None` if the QP has no path or `buf` is small.
     pub fn emit(
         &self,
-        ctx: &mut Ctx,
+        counters: &mut Counters,
         buf: &mut [u8],
         bth: BthRepr,
         ext: ExtRepr,
@@ -205,14 +205,14 @@ impl Qp {
             ext,
             payload: &[],
         };
-        let id = ctx.next_ip_id();
+        let id = Ctx::next_ip_id();
         match path.tpl.emit(buf, id, &roce, payload_len, fill) {
             Ok(n) => {
-                ctx.counters.sent_pkts += 1;
+                counters.sent_pkts += 1;
                 Some(n)
             }
             Err(_) => {
-                ctx.counters.send_err += 1;
+                counters.send_err += 1;
                 None
             }
         }

@@ -7,7 +7,7 @@
 //! which retires WQEs in order as responses arrive.
 
 use super::Ctx;
-use super::mem::{AccessError, Segs};
+use super::mem::{AccessError, MrTable, Segs};
 use super::pool::Recycle;
 use super::qp::Qp;
 use crate::time::Time;
@@ -222,29 +222,29 @@ impl SendWqe {
     }
 
     /// Checks that message bytes `off..off + len` can be read now.
-    fn check(&self, off: u64, len: usize) -> Result<(), AccessError> {
+    fn check(&self, mrs: &MrTable, off: u64, len: usize) -> Result<(), AccessError> {
         match self.inline() {
             Some(d) => inline_range(d, off, len).map(|_| ()),
-            None => self.segs.check(off, len),
+            None => self.segs.check(mrs, off, len),
         }
     }
 
     /// Copies message bytes `off..off + dst.len()` into `dst`.
-    fn gather(&self, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+    fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
         match self.inline() {
             Some(d) => {
                 dst.copy_from_slice(inline_range(d, off, dst.len())?);
                 Ok(())
             }
-            None => self.segs.gather(off, dst),
+            None => self.segs.gather(mrs, off, dst),
         }
     }
 
     /// Warms the cache for message bytes `off..off + len` (nothing for inline data,
     /// which sits in the WQE).
-    fn prefetch(&self, off: u64, len: usize) {
+    fn prefetch(&self, mrs: &MrTable, off: u64, len: usize) {
         if self.inline().is_none() {
-            self.segs.prefetch(off, len);
+            self.segs.prefetch(mrs, off, len);
         }
     }
 }
@@ -942,22 +942,23 @@ impl Qp {
             ..BthRepr::new(opcode, self.attr.dest_qp_num, psn)
         };
         let off = u64::from(pkt_index) * u64::from(mtu);
-        let data_ok = payload_len == 0 || w.check(off, payload_len).is_ok();
+        let data_ok = payload_len == 0 || w.check(&ctx.mrs, off, payload_len).is_ok();
         if !data_ok {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
             return None;
         }
         let w = &self.req.sq[idx];
-        let n = self.emit(ctx, buf, bth, ext, payload_len, |dst| {
+        let mrs = &ctx.mrs;
+        let n = self.emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
             // Cannot fail: checked just above, and nothing runs in between.
-            let _ = w.gather(off, dst);
+            let _ = w.gather(mrs, off, dst);
             // The first packet warms the next PREFETCH_PKTS (a message of a few packets
             // gets them all); later ones keep the window that far ahead.
             let m = u64::from(mtu);
             if off == 0 {
-                w.prefetch(m, (super::PREFETCH_PKTS * m) as usize);
+                w.prefetch(mrs, m, (super::PREFETCH_PKTS * m) as usize);
             } else {
-                w.prefetch(off + super::PREFETCH_PKTS * m, dst.len());
+                w.prefetch(mrs, off + super::PREFETCH_PKTS * m, dst.len());
             }
         })?;
         // Book-keeping after the packet is built.
@@ -1064,14 +1065,15 @@ impl Qp {
             ..BthRepr::new(opcode, dest.remote_qpn, w.first_psn)
         };
         let len = w.length as usize;
-        if len > 0 && w.check(0, len).is_err() {
+        if len > 0 && w.check(&ctx.mrs, 0, len).is_err() {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
             return None;
         }
         let w = &self.req.sq[idx];
-        let n = self.emit(ctx, buf, bth, ext, len, |dst| {
+        let mrs = &ctx.mrs;
+        let n = self.emit(&mut ctx.counters, buf, bth, ext, len, |dst| {
             // Cannot fail: checked just above.
-            let _ = w.gather(0, dst);
+            let _ = w.gather(mrs, 0, dst);
         })?;
         // UD completes when the packet is handed to the link (rxe does the same).
         self.req.sq[idx].state = WqeState::Done(WcStatus::Success);

@@ -437,7 +437,7 @@ impl Qp {
             // with LOC_LEN_ERR (IBA 10.8.4; rxe reports REM_INV_REQ_ERR here).
             return Err(Refuse::InvalidRequest(WcStatus::LocLenErr));
         }
-        if wqe.segs.scatter(*off, payload).is_err() {
+        if wqe.segs.scatter(&ctx.mrs, *off, payload).is_err() {
             return Err(Refuse::RemoteOp(WcStatus::LocProtErr));
         }
         *off += payload.len() as u64;
@@ -884,7 +884,9 @@ impl Qp {
                 }
                 IpView::V6(h) => grh.copy_from_slice(&h.slice()[..40]),
             }
-            if wqe.segs.scatter(0, &grh).is_err() || wqe.segs.scatter(40, payload).is_err() {
+            if wqe.segs.scatter(&ctx.mrs, 0, &grh).is_err()
+                || wqe.segs.scatter(&ctx.mrs, 40, payload).is_err()
+            {
                 wc.status = WcStatus::LocProtErr;
             } else {
                 wc.byte_len = total as u32;
@@ -919,7 +921,14 @@ impl Qp {
                     aeth: aeth(s),
                     ..ExtRepr::default()
                 };
-                self.emit(ctx, buf, bth(Opcode::RC_ACKNOWLEDGE, p), ext, 0, |_| {})
+                self.emit(
+                    &mut ctx.counters,
+                    buf,
+                    bth(Opcode::RC_ACKNOWLEDGE, p),
+                    ext,
+                    0,
+                    |_| {},
+                )
             }
             Out::AtomicAck { psn, orig } => {
                 let (p, o) = (*psn, *orig);
@@ -931,7 +940,7 @@ impl Qp {
                     ..ExtRepr::default()
                 };
                 self.emit(
-                    ctx,
+                    &mut ctx.counters,
                     buf,
                     bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, p),
                     ext,
@@ -970,7 +979,7 @@ impl Qp {
                     ..ExtRepr::default()
                 };
                 let (resid, first) = (rr.resid, !rr.started);
-                let sent = self.emit(ctx, buf, bth(opcode, psn), ext, n, |dst| {
+                let sent = self.emit(&mut ctx.counters, buf, bth(opcode, psn), ext, n, |dst| {
                     if let Some(m) = &mr {
                         // Cannot fail: the range was checked against the region.
                         let _ = m.memory().read(off, dst);
