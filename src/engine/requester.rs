@@ -65,7 +65,8 @@ pub(crate) struct SendWqe {
     pub seg_err: Option<AccessError>,
     pub wr: WqeWr,
     /// Allocated the first time this (pooled) WQE carries a WR that needs it, then kept:
-    /// 360 bytes most WRs never use, out of line so they cost no cache lines.
+    /// the inline buffer alone is `MAX_INLINE` bytes, which most WRs never use; out of
+    /// line, they cost a posted WR no cache lines.
     extra: Option<Box<WrExtra>>,
     pub segs: Segs,
 }
