@@ -104,14 +104,16 @@ impl MrTable {
             return Err(Error::Limit { what, max: 1 << 24 });
         }
         let (ol, or) = self.last_byte[idx];
-        let mut pick = |old: u8| {
-            let mut b = rng.next_u32() as u8;
-            if b == old {
-                b = b.wrapping_add(1);
-            }
-            b
-        };
-        let (lb, rb) = (pick(ol), pick(or));
+        // The R_Key's byte is random (not the last one), so a peer cannot guess the
+        // next key of a slot. The L_Key's counts the registrations at the slot: posted
+        // WRs hold L_Keys and look them up at each access, and a key that came back on
+        // another region would reach it, so one comes back only after 256 registrations
+        // there. L_Keys never leave the host.
+        let mut rb = rng.next_u32() as u8;
+        if rb == or {
+            rb = rb.wrapping_add(1);
+        }
+        let lb = ol.wrapping_add(1);
         self.last_byte[idx] = (lb, rb);
         Ok((idx, lb, rb))
     }
@@ -247,11 +249,12 @@ impl MrTable {
     }
 
     /// Deregisters the region of `lkey`: later packets are refused, operations already
-    /// holding it finish on memory that stays allocated until they drop it.
-    /// Returns the region's PD.
+    /// holding it (a READ being answered) finish on memory that stays allocated until
+    /// they drop it. Returns the region's PD.
     ///
-    /// Work in flight that still holds the region (a WR posted, a READ being answered)
-    /// finds it invalid at its next access, which is made on this same engine thread:
+    /// Work in flight that uses the region (a READ being answered holds it; a posted WR
+    /// looks its L_Key up again) finds it gone at its next access, made on this same
+    /// engine thread:
     /// from the moment this returns the engine touches the region's memory no more, so
     /// the application may free memory it lent ([`Memory::borrowed`]). Such a region is
     /// refused while a memory window is bound to it, as rdma-core's `ibv_dereg_mr` is
@@ -379,9 +382,10 @@ pub struct Seg {
 impl Seg {
     /// The region holding bytes `at..at + n` of this segment, looked up again: gone (or
     /// its key reused, invalidated, or no longer covering the bytes) means the region the
-    /// WR was posted with was deregistered or invalidated. An 8-bit key byte can come
-    /// back at the same index after 256 registrations there, as in rxe and hardware;
-    /// the PD and range checks keep such a key inside a region the WR's PD may use.
+    /// WR was posted with was deregistered or invalidated. The key's byte counts the
+    /// registrations at its index (`take_index`), so a key comes back on another region
+    /// only after 256 registrations there; the PD and range checks keep even that one
+    /// inside a region the WR's PD may use.
     fn region<'a>(
         &self,
         mrs: &'a MrTable,
@@ -538,7 +542,8 @@ impl Segs {
     }
 
     /// Copies `src` into message bytes `off..off + src.len()`. The regions must still
-    /// grant LOCAL_WRITE (checked at post time too; `ibv_rereg_mr` may have changed it).
+    /// grant LOCAL_WRITE (checked at post time too, but a key that came back on another
+    /// region may not grant it).
     pub fn scatter(&self, mrs: &MrTable, off: u64, src: &[u8]) -> Result<(), AccessError> {
         self.walk(mrs, off, src.len(), |mr, mem_off, at, n| {
             if !mr.access().contains(AccessFlags::LOCAL_WRITE) {
@@ -681,6 +686,7 @@ mod tests {
         );
         // A reused index gets a different key byte, so the old keys stay dead.
         t.deregister(a.lkey).unwrap();
+        let mem2 = mem.clone();
         let b = t
             .register(
                 &mut rng,
@@ -698,6 +704,28 @@ mod tests {
         assert_ne!(b.rkey, a.rkey);
         assert!(t.lookup(a.lkey, false, 1).is_err());
         assert!(t.deregister(a.lkey).is_err());
+        // A dead L_Key comes back at its slot only after 256 registrations there: a
+        // posted WR holds the key, and must not reach the regions registered after.
+        let mut seen = std::collections::HashSet::from([a.lkey]);
+        let mut last = b;
+        for _ in 0..254 {
+            t.deregister(last.lkey).unwrap();
+            last = t
+                .register(
+                    &mut rng,
+                    1,
+                    mem2.clone(),
+                    0,
+                    100,
+                    0x1000,
+                    AccessFlags::REMOTE_READ,
+                    10,
+                )
+                .unwrap();
+            assert_eq!(last.lkey >> 8, a.lkey >> 8, "the slot is reused");
+            assert!(seen.insert(last.lkey), "L_Key {:#x} came back", last.lkey);
+        }
+        assert_eq!(seen.len(), 255);
     }
 
     #[test]

@@ -424,8 +424,9 @@ impl Engine {
     }
 
     /// `ibv_dereg_mr`. Safe while traffic for the key is in flight: later packets are
-    /// refused with a remote access NAK, and an operation already using the region keeps
-    /// its memory alive until it finishes.
+    /// refused with a remote access NAK, a READ being answered from the region keeps its
+    /// memory alive until it finishes, and a posted WR that uses it fails at its next
+    /// access (LOC_PROT_ERR).
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), Error> {
         let pd = self.ctx.mrs.deregister(lkey)?;
         self.pd_use(pd, -1)

@@ -1,17 +1,17 @@
 //! Recycled work-queue entries.
 //!
-//! A send WQE is 1096 bytes (the WR with its SG list and inline buffer, plus the
-//! resolved segments) and a receive WQE 416 (x86_64; 1.3 and 0.7 KiB when the segments
-//! also held a copy of the inline data). Held by value in the queues, each
-//! was moved several times per message (built, pushed, popped on retire or on receive):
+//! When this was measured a send WQE was 1096 bytes (the WR with its SG list and inline
+//! buffer, plus the resolved segments) and a receive WQE 416 (x86_64). Held by value in
+//! the queues, each was moved several times per message (built, pushed, popped on retire or on receive):
 //! `perf` on the engine bench put those moves at ~40% of the time of 64-byte SENDs.
 //! The queues hold boxes instead, written once in place and handed back here when
 //! retired, so in steady state the heap is not touched: only while the free list grows
 //! to the most WQEs ever outstanding at once, and when a QP that is reset or destroyed
 //! drops the WQEs it still holds (the counting-allocator test checks the steady state).
 
-/// What a pooled entry drops before it is reused: references that must not outlive the
-/// work request (memory-region handles), not the plain fields the next user overwrites.
+/// What a pooled entry resets before it is reused: references that must not outlive the
+/// work request, and state the next user expects fresh, not the plain fields it
+/// overwrites. (The engine's WQEs hold no references: their buffers are keys.)
 pub(crate) trait Recycle {
     fn recycle(&mut self);
 }

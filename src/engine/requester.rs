@@ -36,8 +36,9 @@ pub(crate) enum WqeState {
 /// [`Pool`]: it is written once, in place, when posted. `repr(C)` with its progress
 /// first, then the WR's scalars, then the resolved buffers: the requester looks at the
 /// head of a WQE it did not touch for a while (a deep queue does not stay in cache), and
-/// a one-SGE WR then touches the first three cache lines and no others (the list's
-/// unused entries are never read or written).
+/// a one-SGE WR then touches its first 192 bytes and no others (the list's unused
+/// entries are never read or written; a WR with inline data, a UD destination or a bind
+/// also reads the out-of-line part).
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct SendWqe {
@@ -119,10 +120,11 @@ struct WrExtra {
     bind: Option<MwBind>,
 }
 
-// A one-SGE WR without inline data is read from the first three cache lines of its
-// WQE: the progress fields, the WR's scalars, the resolved list's count and its first
-// entry. Checked when building: a reordering that spreads them out costs every posted
-// WR more cache misses once a queue is cold.
+// A one-SGE WR without inline data is read from the first 192 bytes of its WQE: the
+// progress fields, the WR's scalars, the resolved list's count and its first entry
+// (three cache lines when the box is 64-byte aligned, four at most). Checked when
+// building: a reordering that spreads them out costs every posted WR more cache misses
+// once a queue is cold.
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(SendWqe, state) == 0);
@@ -156,7 +158,7 @@ impl Default for SendWqe {
 }
 
 impl Recycle for SendWqe {
-    /// Drops the regions it held and puts its progress back to that of a new WQE (as
+    /// Empties its buffer list and puts its progress back to that of a new WQE (as
     /// `Default` makes it), so `post_send` fills in only what comes from the WR. The
     /// extra part stays allocated (its contents are plain data).
     fn recycle(&mut self) {
