@@ -654,8 +654,9 @@ fn one_engine_thread_per_queue() {
     let (ip_a, ip_b) = (IpAddr::V4(pair.ip_a), IpAddr::V4(pair.ip_b));
     // A QP's thread follows its UDP port, a hash of both QP numbers (which start at a
     // random number): six pairs all land on one thread in about one run of eighteen by a
-    // simulation of the hash, and twice in four runs here, so pairs are added, up to 24, until both threads of each device hold some (as the
-    // threads last published their counts, every few ms).
+    // simulation of the hash, and twice in four runs here. So pairs are added, up to 24,
+    // until both threads of each device hold some (as the threads last published their
+    // counts, every few ms).
     let spread = |d: &roce_xdp::runtime::Device| d.thread_stats().iter().all(|s| s.qps > 0);
     let mut ends = Vec::new();
     while ends.len() < 6 || {
