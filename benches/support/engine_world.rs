@@ -13,6 +13,8 @@ struct World {
     s: Sim<Engine, Engine>,
     qa: u32,
     qb: u32,
+    /// Further connected pairs (A's QP, B's QP) beside `qa`/`qb`, for the many-QP case.
+    more: Vec<(u32, u32)>,
     cqa: u32,
     cqb: u32,
     mra: MrInfo,
@@ -21,6 +23,12 @@ struct World {
 }
 
 fn world() -> World {
+    world_n(1)
+}
+
+/// Two engines joined by a clean link with `n` connected RC QP pairs (16-deep queues
+/// but the first), all sharing one PD, CQ and region per side.
+fn world_n(n: usize) -> World {
     let ip_a = Ipv4Addr::new(198, 18, 0, 1);
     let ip_b = Ipv4Addr::new(198, 18, 0, 2);
     let (mac_a, mac_b) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
@@ -45,11 +53,25 @@ fn world() -> World {
     };
     up(&mut a, qa, qb, ip_b);
     up(&mut b, qb, qa, ip_a);
+    let mut more = Vec::new();
+    for _ in 1..n {
+        let qp = |e: &mut Engine, cq: u32, pd: u32| {
+            let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
+            init.cap.max_send_wr = 16;
+            init.cap.max_recv_wr = 16;
+            e.create_qp(&init).unwrap()
+        };
+        let (x, y) = (qp(&mut a, cqa, mra.pd), qp(&mut b, cqb, mrb.pd));
+        up(&mut a, x, y, ip_b);
+        up(&mut b, y, x, ip_a);
+        more.push((x, y));
+    }
     let link = SimLink::new(LinkConfig::default(), LinkConfig::default(), 1);
     World {
         s: Sim::new(a, b, link),
         qa,
         qb,
+        more,
         cqa,
         cqb,
         mra,
@@ -115,6 +137,37 @@ fn run(w: &mut World, msgs: usize, len: usize, kind: Kind) -> u64 {
             recvd += 1;
         }
         got >= want && recvd >= recvs
+    });
+    w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
+}
+
+/// `total` WRITEs of `len` bytes, every one signaled, posted round-robin over the
+/// world's QPs (all of them at once: 16-deep queues hold one each); returns the
+/// packets both engines sent. One QP or a thousand, the same work.
+#[allow(dead_code)] // The no-allocation test does not run it.
+fn run_spread(w: &mut World, total: usize, len: usize) -> u64 {
+    let before = w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts;
+    let src = Sge {
+        addr: w.mra.addr,
+        length: len as u32,
+        lkey: w.mra.lkey,
+    };
+    let qps: Vec<u32> = std::iter::once(w.qa)
+        .chain(w.more.iter().map(|p| p.0))
+        .collect();
+    for i in 0..total {
+        // Each WRITE goes to its own slice of B's region.
+        let off = (i * len) as u64 % (w.mrb.length - len as u64);
+        let wr = SendWr::write(i as u64, &[src], w.mrb.addr + off, w.mrb.rkey);
+        w.s.a.post_send(qps[i % qps.len()], &wr).unwrap();
+    }
+    let cqa = w.cqa;
+    let mut got = 0;
+    w.s.run_until(Time::MAX, u64::MAX, |a, _| {
+        while a.poll_cq_one(cqa).is_some() {
+            got += 1;
+        }
+        got >= total
     });
     w.s.a.counters().sent_pkts + w.s.b.counters().sent_pkts - before
 }
