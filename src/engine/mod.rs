@@ -95,7 +95,12 @@ impl Hasher for QpnHasher {
     }
 }
 
-type QpMap = HashMap<u32, Qp, BuildHasherDefault<QpnHasher>>;
+/// QPs by number, each in a box of its own: the table stays 16 bytes a slot, so a
+/// lookup among a thousand QPs finds its key in a few cache lines and then touches only
+/// the QP's own lines. With the QPs (about 780 bytes each) in the slots, the table of
+/// 1000 QPs was 780 KB, and the key compare and the state read of every received frame
+/// each missed the cache (the engine bench's `write_4k_1000qps`).
+type QpMap = HashMap<u32, Box<Qp>, BuildHasherDefault<QpnHasher>>;
 
 /// Objects with small integer handles, starting at 1.
 pub(crate) struct Slab<T> {
@@ -737,7 +742,7 @@ impl Engine {
             qpn = if qpn >= 0xff_fffe { FIRST_QPN } else { qpn + 1 };
         }
         self.next_qpn = if qpn >= 0xff_fffe { FIRST_QPN } else { qpn + 1 };
-        self.qps.insert(qpn, Qp::new(qpn, init));
+        self.qps.insert(qpn, Box::new(Qp::new(qpn, init)));
         self.pd_use(init.pd, 1)?;
         for cq in [init.send_cq, init.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(cq) {
@@ -876,12 +881,12 @@ impl Engine {
             }
         }
         let _ = self.pd_use(qp.pd, -1);
-        Some(MovedQp(Box::new(qp)))
+        Some(MovedQp(qp))
     }
 
     /// Adopts a QP `take_qp` took out of another engine.
     pub fn adopt_qp(&mut self, moved: MovedQp) -> Result<u32, Error> {
-        let qp = *moved.0;
+        let qp = moved.0;
         let qpn = qp.qpn;
         if self.qps.contains_key(&qpn) {
             return Err(Error::InvalidAttribute {
