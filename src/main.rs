@@ -127,7 +127,8 @@ enum BenchCmd {
     /// interleaved, every flood frame's drop counted, every byte compared (root).
     Flood(FloodArgs),
     /// Round trips of small messages between two namespaces: the kernel's UDP sockets,
-    /// RC SEND ping-pong, and the same busy-polling, interleaved, with their ratios (root).
+    /// a raw AF_XDP echo, RC SEND ping-pong and RC WRITE ping-pong (as ib_write_lat), each
+    /// also busy-polling and on the UDP link, interleaved, with their ratios (root).
     Latency(LatencyArgs),
     /// Raw AF_XDP frames one way (the project's ring code, no RoCE work) against RC
     /// WRITE and READ goodput in frames of the same size, at IB MTU 1024 and 4096 (root).
@@ -305,7 +306,7 @@ struct LatencyArgs {
     /// Round trips per measurement.
     #[arg(long, default_value_t = 20_000)]
     iters: usize,
-    /// Repetitions (each measures the three in turn).
+    /// Repetitions (each measures every round trip in turn).
     #[arg(long, default_value_t = 3)]
     reps: usize,
     /// Message size in bytes.

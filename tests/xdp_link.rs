@@ -1540,6 +1540,9 @@ fn bench_latency_reports_every_round_trip_figure() {
         "rc_send",
         "rc_send_busy_poll",
         "rc_send_udp_link",
+        "rc_write",
+        "rc_write_busy_poll",
+        "rc_write_udp_link",
     ] {
         let (m, p) = (
             reps[0][k]["median_us"].as_f64().unwrap(),
@@ -1553,6 +1556,11 @@ fn bench_latency_reports_every_round_trip_figure() {
         "rc_udp_link_to_udp",
         "rc_to_raw_echo",
         "rc_busy_poll_to_raw_echo_spinning",
+        "rc_write_to_udp",
+        "rc_write_busy_poll_to_udp",
+        "rc_write_udp_link_to_udp",
+        "rc_write_to_raw_echo",
+        "rc_write_busy_poll_to_raw_echo_spinning",
     ] {
         assert!(j[k].as_f64().unwrap() > 0.0, "{k}");
     }

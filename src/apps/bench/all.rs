@@ -139,6 +139,20 @@ impl AllReport {
             l.ratio(RcKind::UdpLink),
             Target::None,
         );
+        // Issue 11 sets targets for the SEND round trip only; the WRITE one (as
+        // ib_write_lat makes it) is reported beside it.
+        for (k, how) in [
+            (RcKind::Write, ""),
+            (RcKind::WriteBusyPoll, ", busy-polling"),
+            (RcKind::WriteUdpLink, ", UDP link"),
+        ] {
+            push(
+                format!("{} B RC WRITE round trip{how}", l.opts.size),
+                "kernel UDP round trip",
+                l.ratio(k),
+                Target::None,
+            );
+        }
         push(
             format!("{} B RC SEND round trip", l.opts.size),
             "raw AF_XDP echo",

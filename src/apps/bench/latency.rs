@@ -5,8 +5,10 @@
 //! own ceiling, sleeping in poll(2) between frames and spinning), roce-xdp's RC SEND
 //! ping-pong (each side waits for its completions, as `ibv_rc_pingpong` does), and the
 //! same with the engines busy-polling (`--busy-poll`), and RC SEND over the UDP link
-//! (the engines on kernel UDP sockets instead of AF_XDP). Medians and 99th percentiles
-//! per repetition, and the ratios to the kernel's and to the raw echo's.
+//! (the engines on kernel UDP sockets instead of AF_XDP); then the same three for RC
+//! WRITE ping-pong in `ib_write_lat`'s way (each side spins on the last byte of the
+//! buffer the peer writes into, and answers with a WRITE of its own). Medians and 99th
+//! percentiles per repetition, and the ratios to the kernel's and to the raw echo's.
 
 use super::super::endpoint::Endpoint;
 use super::super::workload::Report;
@@ -17,6 +19,7 @@ use crate::netns::Pair;
 use crate::verbs::{Mtu, RecvWr, SendFlags, SendWr};
 use crossbeam::channel as mpsc;
 use std::net::{IpAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// What `bench latency` does.
@@ -54,11 +57,14 @@ impl Default for LatencyOpts {
 pub struct Rtt {
     pub median_us: f64,
     pub p99_us: f64,
+    /// Round trips measured.
+    pub count: usize,
 }
 
 impl Rtt {
     /// The median and the 99th percentile, taken as the workloads take theirs.
     fn of(v: Vec<Duration>) -> Rtt {
+        let count = v.len();
         let mut r = Report {
             rtt_ns: v.iter().map(|d| d.as_nanos() as u64).collect(),
             ..Report::default()
@@ -67,11 +73,12 @@ impl Rtt {
         Rtt {
             median_us: r.rtt_us(0.5),
             p99_us: r.rtt_us(0.99),
+            count,
         }
     }
 }
 
-/// One repetition: the six, measured one after the other.
+/// One repetition: the nine, measured one after the other.
 #[derive(Debug, Clone, Copy)]
 pub struct LatencyRep {
     pub udp: Rtt,
@@ -83,6 +90,11 @@ pub struct LatencyRep {
     pub rc_busy: Rtt,
     /// RC SEND with the engines on the UDP link.
     pub rc_udp_link: Rtt,
+    /// RC WRITE ping-pong, as `ib_write_lat` does it: the default, busy-polling, and
+    /// on the UDP link.
+    pub write: Rtt,
+    pub write_busy: Rtt,
+    pub write_udp_link: Rtt,
 }
 
 /// Which of a repetition's RC figures.
@@ -91,6 +103,9 @@ pub enum RcKind {
     Default,
     BusyPoll,
     UdpLink,
+    Write,
+    WriteBusyPoll,
+    WriteUdpLink,
 }
 
 impl LatencyRep {
@@ -99,6 +114,9 @@ impl LatencyRep {
             RcKind::Default => self.rc,
             RcKind::BusyPoll => self.rc_busy,
             RcKind::UdpLink => self.rc_udp_link,
+            RcKind::Write => self.write,
+            RcKind::WriteBusyPoll => self.write_busy,
+            RcKind::WriteUdpLink => self.write_udp_link,
         }
     }
 }
@@ -126,16 +144,23 @@ impl LatencyReport {
     /// Median over the repetitions of (RC median / raw AF_XDP echo median): RC SEND
     /// against the sleeping echo, or busy-polling against the spinning one (`busy`).
     pub fn raw_ratio(&self, busy: bool) -> f64 {
+        let k = if busy {
+            RcKind::BusyPoll
+        } else {
+            RcKind::Default
+        };
+        self.raw_ratio_of(k, busy)
+    }
+
+    /// As [`raw_ratio`](Self::raw_ratio), for figure `k` against the sleeping echo or
+    /// the spinning one (`spinning`).
+    pub fn raw_ratio_of(&self, k: RcKind, spinning: bool) -> f64 {
         median(
             self.reps
                 .iter()
                 .map(|r| {
-                    let (rc, raw) = if busy {
-                        (r.rc_busy, r.raw_busy)
-                    } else {
-                        (r.rc, r.raw)
-                    };
-                    rc.median_us / raw.median_us.max(1e-9)
+                    let raw = if spinning { r.raw_busy } else { r.raw };
+                    r.rc(k).median_us / raw.median_us.max(1e-9)
                 })
                 .collect(),
         )
@@ -152,11 +177,22 @@ impl super::BenchReport for LatencyReport {
         s.push_str("us, median and p99 of each repetition\n");
         s.push_str(
             "rep  kernel UDP         raw AF_XDP echo    raw echo spinning  RC SEND            \
-             RC SEND busy-poll  RC SEND, UDP link\n",
+             RC SEND busy-poll  RC SEND, UDP link  RC WRITE           RC WRITE busy-poll \
+             RC WRITE, UDP link\n",
         );
         for (i, r) in self.reps.iter().enumerate() {
             s.push_str(&format!("{:<4}", i + 1));
-            for t in [r.udp, r.raw, r.raw_busy, r.rc, r.rc_busy, r.rc_udp_link] {
+            for t in [
+                r.udp,
+                r.raw,
+                r.raw_busy,
+                r.rc,
+                r.rc_busy,
+                r.rc_udp_link,
+                r.write,
+                r.write_busy,
+                r.write_udp_link,
+            ] {
                 s.push_str(&format!(" {:>8.1} {:>8.1} ", t.median_us, t.p99_us));
             }
             s.push('\n');
@@ -174,11 +210,34 @@ impl super::BenchReport for LatencyReport {
             self.raw_ratio(false),
             self.raw_ratio(true)
         ));
+        s.push_str(&format!(
+            "RC WRITE round trip / kernel UDP round trip (medians): {:.2}; busy-polling: \
+             {:.2}; on the UDP link: {:.2}\n",
+            self.ratio(RcKind::Write),
+            self.ratio(RcKind::WriteBusyPoll),
+            self.ratio(RcKind::WriteUdpLink)
+        ));
+        let counts: Vec<String> = self
+            .reps
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}/{}",
+                    r.write.count, r.write_busy.count, r.write_udp_link.count
+                )
+            })
+            .collect();
+        s.push_str(&format!(
+            "RC WRITE round trips measured per repetition (default/busy-polling/UDP link; at \
+             most {:.0} s each): {}\n",
+            WRITE_BUDGET.as_secs_f64(),
+            counts.join(", ")
+        ));
         s
     }
 
     fn to_json(&self) -> serde_json::Value {
-        let rtt = |r: &Rtt| serde_json::json!({"median_us": r.median_us, "p99_us": r.p99_us});
+        let rtt = |r: &Rtt| serde_json::json!({"median_us": r.median_us, "p99_us": r.p99_us, "count": r.count});
         serde_json::json!({
             "bench": "latency",
             "message_size": self.opts.size,
@@ -191,12 +250,20 @@ impl super::BenchReport for LatencyReport {
                 "rc_send": rtt(&r.rc),
                 "rc_send_busy_poll": rtt(&r.rc_busy),
                 "rc_send_udp_link": rtt(&r.rc_udp_link),
+                "rc_write": rtt(&r.write),
+                "rc_write_busy_poll": rtt(&r.write_busy),
+                "rc_write_udp_link": rtt(&r.write_udp_link),
             })).collect::<Vec<_>>(),
             "rc_to_udp": self.ratio(RcKind::Default),
             "rc_busy_poll_to_udp": self.ratio(RcKind::BusyPoll),
             "rc_udp_link_to_udp": self.ratio(RcKind::UdpLink),
             "rc_to_raw_echo": self.raw_ratio(false),
             "rc_busy_poll_to_raw_echo_spinning": self.raw_ratio(true),
+            "rc_write_to_udp": self.ratio(RcKind::Write),
+            "rc_write_busy_poll_to_udp": self.ratio(RcKind::WriteBusyPoll),
+            "rc_write_udp_link_to_udp": self.ratio(RcKind::WriteUdpLink),
+            "rc_write_to_raw_echo": self.raw_ratio_of(RcKind::Write, false),
+            "rc_write_busy_poll_to_raw_echo_spinning": self.raw_ratio_of(RcKind::WriteBusyPoll, true),
         })
     }
 }
@@ -229,6 +296,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
         &mut link,
     )?;
     rc_pingpong(&pair, BenchLink::Udp, false, o.size, 50, &mut String::new())?;
+    write_pingpong(&pair, BenchLink::Xdp, false, o.size, o.iters.min(200))?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
         let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
@@ -240,16 +308,24 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
         let rc = rc_on(BenchLink::Xdp, false, &mut link)?;
         let rc_busy = rc_on(BenchLink::Xdp, true, &mut String::new())?;
         let rc_udp_link = rc_on(BenchLink::Udp, false, &mut String::new())?;
+        let write_on = |link, busy| write_pingpong(&pair, link, busy, o.size, o.iters).map(Rtt::of);
+        let write = write_on(BenchLink::Xdp, false)?;
+        let write_busy = write_on(BenchLink::Xdp, true)?;
+        let write_udp_link = write_on(BenchLink::Udp, false)?;
         say(&format!(
             "rep {}: kernel UDP {:.1} us, raw AF_XDP echo {:.1} us (spinning {:.1}), \
-             RC SEND {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us (medians)",
+             RC SEND {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us; RC WRITE \
+             {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us (medians)",
             rep + 1,
             udp.median_us,
             raw.median_us,
             raw_busy.median_us,
             rc.median_us,
             rc_busy.median_us,
-            rc_udp_link.median_us
+            rc_udp_link.median_us,
+            write.median_us,
+            write_busy.median_us,
+            write_udp_link.median_us
         ));
         reps.push(LatencyRep {
             udp,
@@ -258,6 +334,9 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
             rc,
             rc_busy,
             rc_udp_link,
+            write,
+            write_busy,
+            write_udp_link,
         });
     }
     Ok(LatencyReport {
@@ -475,5 +554,112 @@ fn rc_pingpong(
             .join()
             .map_err(|_| "the RC echo thread panicked".to_string())?;
         r.and(e).map(|()| rtts)
+    })
+}
+
+/// Longest an RC WRITE ping-pong measurement runs: its round trips are bimodal on a
+/// core shared with a spinner (see [`write_pingpong`]), and 20 000 of them at 4 ms would
+/// take 80 s.
+const WRITE_BUDGET: Duration = Duration::from_secs(2);
+
+/// Up to `iters` RC WRITE round trips of `size` bytes (fewer if [`WRITE_BUDGET`] runs
+/// out first), as `ib_write_lat` makes them: A WRITEs its buffer into B's, whose last
+/// byte carries the round's tag; B spins on that byte (a volatile read of its
+/// registered memory, no verbs call: the engine must bring the WRITE in by itself),
+/// then WRITEs back into A's, where A spins likewise. Each side also waits for its own
+/// WRITE's completion before its next one. A round trip is A's post to the answer's
+/// last byte in A's memory. Each side on its own thread, not pinned, as in
+/// [`rc_pingpong`].
+///
+/// The spinners hold their cores: an engine thread woken by a frame on a core where a
+/// spinner runs does not preempt it on this machine's kernel (preempt=none: a CFS
+/// wake-up only marks the spinner for a lazy reschedule, acted on at the next tick,
+/// 4 ms at HZ=250), so a round trip is either a few tens of microseconds or a tick.
+fn write_pingpong(
+    pair: &Pair,
+    on: BenchLink,
+    busy: bool,
+    size: usize,
+    iters: usize,
+) -> Result<Vec<Duration>, String> {
+    let (a, b) = super::rc_pair_on(pair, on, None, 2 * size + 4096, busy)?;
+    // Each side's memory: its source at 0, the peer's WRITEs land at `size`.
+    let landed = size + size - 1;
+    let write = |e: &Endpoint, to: &Endpoint, tag: u8| -> Result<(), String> {
+        e.mem
+            .write(size - 1, &[tag])
+            .map_err(super::super::workload::mem_err)?;
+        e.qp.post_send(
+            &SendWr::write(3, &[e.sge(0, size)], to.mr.addr + size as u64, to.mr.rkey)
+                .with_flags(SendFlags::SIGNALED),
+        )
+        .map_err(|x| x.to_string())
+    };
+    // Raised by A when it stops: B then stops waiting for a next round.
+    let stop = AtomicBool::new(false);
+    // Spins until the byte the peer's WRITE ends with reads `tag` (true), or `stop` is
+    // raised (false), within STALL.
+    let land = |e: &Endpoint, tag: u8| -> Result<bool, String> {
+        let start = Instant::now();
+        let mut n = 0u32;
+        loop {
+            if e.mem
+                .load_volatile(landed)
+                .map_err(super::super::workload::mem_err)?
+                == tag
+            {
+                return Ok(true);
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Ok(false);
+            }
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(1024) && start.elapsed() > STALL {
+                return Err(format!("RC WRITE ping-pong: round {tag} did not land"));
+            }
+            std::hint::spin_loop();
+        }
+    };
+    // Round i's tag: never 0 (the memory's start), never the previous round's.
+    let tag = |i: usize| (i % 255) as u8 + 1;
+    std::thread::scope(|sc| {
+        let echo = sc.spawn(|| -> Result<(), String> {
+            for i in 0..iters {
+                if !land(&b, tag(i))? {
+                    break;
+                }
+                write(&b, &a, tag(i))?;
+                b.next_ok(STALL)?;
+            }
+            Ok(())
+        });
+        let client = sc.spawn(|| -> Result<Vec<Duration>, String> {
+            let start = Instant::now();
+            let mut rtts = Vec::with_capacity(iters);
+            let r = (|| {
+                for i in 0..iters {
+                    if start.elapsed() > WRITE_BUDGET {
+                        break;
+                    }
+                    let t = Instant::now();
+                    write(&a, &b, tag(i))?;
+                    a.next_ok(STALL)?;
+                    land(&a, tag(i))?;
+                    rtts.push(t.elapsed());
+                }
+                Ok::<(), String>(())
+            })();
+            stop.store(true, Ordering::Relaxed);
+            r.map(|()| rtts)
+        });
+        let r = client
+            .join()
+            .map_err(|_| "the RC WRITE client thread panicked".to_string())?;
+        let e = echo
+            .join()
+            .map_err(|_| "the RC WRITE echo thread panicked".to_string())?;
+        // The client's error says more than the echo's (which then only timed out).
+        let rtts = r?;
+        e.map(|()| rtts)
     })
 }

@@ -8,8 +8,9 @@
 //! `bench ceiling` ([`ceiling`]): raw AF_XDP frames one way against RC WRITE and READ
 //! goodput in frames of the same size.
 //!
-//! `bench latency` ([`latency`]): 64 B round trips, the kernel's UDP sockets beside RC
-//! SENDs, default and busy-polling.
+//! `bench latency` ([`latency`]): 64 B round trips, the kernel's UDP sockets and a raw
+//! AF_XDP echo beside RC SEND and RC WRITE ping-pong, default, busy-polling and on the
+//! UDP link.
 //!
 //! `bench qps` ([`qps`]): 1000 RC QPs served round-robin against one, and what an idle
 //! QP costs in memory.
