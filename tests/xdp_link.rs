@@ -1725,10 +1725,10 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
     }
     assert_eq!(j["udp_link"]["engine_link"], "udp");
     let h = j["headlines"].as_array().unwrap();
-    // 64 KiB W/R/S at two MTUs against both raw ceilings, 64 B W/R/S, three round
-    // trips over the kernel's UDP and two over the raw AF_XDP echo, one UDP-link
-    // goodput, two loss rates, 1000 QPs.
-    assert_eq!(h.len(), 6 + 6 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
+    // 64 KiB W/R/S at two MTUs against both raw ceilings, 64 B W/R/S, three SEND and
+    // three WRITE round trips over the kernel's UDP and two over the raw AF_XDP echo,
+    // one UDP-link goodput, two loss rates, 1000 QPs.
+    assert_eq!(h.len(), 6 + 6 + 3 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
     assert_eq!(
         h.iter()
             .filter(|x| x["over"] == "raw frames, receiver reading")
