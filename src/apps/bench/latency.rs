@@ -237,7 +237,11 @@ impl super::BenchReport for LatencyReport {
     }
 
     fn to_json(&self) -> serde_json::Value {
-        let rtt = |r: &Rtt| serde_json::json!({"median_us": r.median_us, "p99_us": r.p99_us, "count": r.count});
+        let rtt = |r: &Rtt| {
+            let (m, p, n) = (r.median_us, r.p99_us, r.count);
+            serde_json::json!({"median_us": m, "p99_us": p, "count": n})
+        };
+        let write_busy_to_spinning = self.raw_ratio_of(RcKind::WriteBusyPoll, true);
         serde_json::json!({
             "bench": "latency",
             "message_size": self.opts.size,
@@ -263,7 +267,7 @@ impl super::BenchReport for LatencyReport {
             "rc_write_busy_poll_to_udp": self.ratio(RcKind::WriteBusyPoll),
             "rc_write_udp_link_to_udp": self.ratio(RcKind::WriteUdpLink),
             "rc_write_to_raw_echo": self.raw_ratio_of(RcKind::Write, false),
-            "rc_write_busy_poll_to_raw_echo_spinning": self.raw_ratio_of(RcKind::WriteBusyPoll, true),
+            "rc_write_busy_poll_to_raw_echo_spinning": write_busy_to_spinning,
         })
     }
 }
@@ -571,10 +575,11 @@ const WRITE_BUDGET: Duration = Duration::from_secs(2);
 /// last byte in A's memory. Each side on its own thread, not pinned, as in
 /// [`rc_pingpong`].
 ///
-/// The spinners hold their cores: an engine thread woken by a frame on a core where a
-/// spinner runs does not preempt it on this machine's kernel (preempt=none: a CFS
-/// wake-up only marks the spinner for a lazy reschedule, acted on at the next tick,
-/// 4 ms at HZ=250), so a round trip is either a few tens of microseconds or a tick.
+/// The spinners hold their cores: on this machine an engine thread woken by a frame on
+/// a core where a spinner runs waited for the next tick (4.0 ms, HZ=250), so a round
+/// trip is either a few tens of microseconds or a tick. The kernel is built with
+/// preempt=none; that a fair-class wake-up then only marks the spinner for a lazy
+/// reschedule, with no interrupt to act on it before the tick, is a reading, not traced.
 fn write_pingpong(
     pair: &Pair,
     on: BenchLink,
