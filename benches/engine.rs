@@ -21,51 +21,44 @@ fn benches(c: &mut Criterion) {
         ("send_64b", 4096, 64, Kind::Send),
     ] {
         let mut w = world();
-        let pkts_per_iter = run(&mut w, msgs, len, kind);
-        g.throughput(Throughput::Elements(pkts_per_iter));
-        g.bench_function(BenchmarkId::new(name, pkts_per_iter), |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                let mut pkts = 0;
-                for _ in 0..iters {
-                    pkts += run(&mut w, msgs, len, kind);
-                }
-                let d = t.elapsed();
-                let mut r = RESULTS.lock().unwrap();
-                let e = r.entry(name.to_string()).or_insert((0, 0.0));
-                e.0 += pkts;
-                e.1 += d.as_secs_f64();
-                black_box(pkts);
-                d
-            })
-        });
+        packets(&mut g, name, || run(&mut w, msgs, len, kind));
     }
     // Many QPs: one 4 KiB WRITE on each of 1000 QPs, against the same WRITEs on one QP
     // (`bench qps` on the wire; here without the runtime, so what is left is the
     // engine's own cost of spreading the work over QPs: their state out of cache).
     for (name, n) in [("write_4k_1qp", 1usize), ("write_4k_1000qps", 1000)] {
         let mut w = world_n(n);
-        let once = |w: &mut World| run_spread(w, 1000, 4096);
-        let pkts_per_iter = once(&mut w);
-        g.throughput(Throughput::Elements(pkts_per_iter));
-        g.bench_function(BenchmarkId::new(name, pkts_per_iter), |b| {
-            b.iter_custom(|iters| {
-                let t = Instant::now();
-                let mut pkts = 0;
-                for _ in 0..iters {
-                    pkts += once(&mut w);
-                }
-                let d = t.elapsed();
-                let mut r = RESULTS.lock().unwrap();
-                let e = r.entry(name.to_string()).or_insert((0, 0.0));
-                e.0 += pkts;
-                e.1 += d.as_secs_f64();
-                black_box(pkts);
-                d
-            })
-        });
+        packets(&mut g, name, || run_spread(&mut w, 1000, 4096));
     }
     g.finish();
+}
+
+/// Benchmarks `once` (which moves some work and returns the packets it took) under
+/// `name`, in packets per second, adding its packets and time to `RESULTS`. Run once
+/// first, untimed, for the throughput's unit.
+fn packets(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    mut once: impl FnMut() -> u64,
+) {
+    let pkts_per_iter = once();
+    g.throughput(Throughput::Elements(pkts_per_iter));
+    g.bench_function(BenchmarkId::new(name, pkts_per_iter), |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            let mut pkts = 0;
+            for _ in 0..iters {
+                pkts += once();
+            }
+            let d = t.elapsed();
+            let mut r = RESULTS.lock().unwrap();
+            let e = r.entry(name.to_string()).or_insert((0, 0.0));
+            e.0 += pkts;
+            e.1 += d.as_secs_f64();
+            black_box(pkts);
+            d
+        })
+    });
 }
 
 fn main() {

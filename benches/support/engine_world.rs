@@ -13,8 +13,8 @@ struct World {
     s: Sim<Engine, Engine>,
     qa: u32,
     qb: u32,
-    /// Further connected pairs (A's QP, B's QP) beside `qa`/`qb`, for the many-QP case.
-    more: Vec<(u32, u32)>,
+    /// Every QP of A's, `qa` first (the many-QP case posts over them in turn).
+    qas: Vec<u32>,
     cqa: u32,
     cqb: u32,
     mra: MrInfo,
@@ -53,7 +53,7 @@ fn world_n(n: usize) -> World {
     };
     up(&mut a, qa, qb, ip_b);
     up(&mut b, qb, qa, ip_a);
-    let mut more = Vec::new();
+    let mut qas = vec![qa];
     for _ in 1..n {
         let qp = |e: &mut Engine, cq: u32, pd: u32| {
             let mut init = QpInitAttr::new(QpType::Rc, pd, cq);
@@ -64,14 +64,14 @@ fn world_n(n: usize) -> World {
         let (x, y) = (qp(&mut a, cqa, mra.pd), qp(&mut b, cqb, mrb.pd));
         up(&mut a, x, y, ip_b);
         up(&mut b, y, x, ip_a);
-        more.push((x, y));
+        qas.push(x);
     }
     let link = SimLink::new(LinkConfig::default(), LinkConfig::default(), 1);
     World {
         s: Sim::new(a, b, link),
         qa,
         qb,
-        more,
+        qas,
         cqa,
         cqb,
         mra,
@@ -152,9 +152,7 @@ fn run_spread(w: &mut World, total: usize, len: usize) -> u64 {
         length: len as u32,
         lkey: w.mra.lkey,
     };
-    let qps: Vec<u32> = std::iter::once(w.qa)
-        .chain(w.more.iter().map(|p| p.0))
-        .collect();
+    let qps = &w.qas;
     for i in 0..total {
         // Each WRITE goes to its own slice of B's region.
         let off = (i * len) as u64 % (w.mrb.length - len as u64);

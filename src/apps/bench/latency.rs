@@ -494,16 +494,23 @@ fn raw_pingpong(
             }
             Ok(rtts)
         });
-        let rtts = client
-            .join()
-            .map_err(|_| "the raw echo's client panicked".to_string())?;
-        let e = echo
-            .join()
-            .map_err(|_| "the raw echo panicked".to_string())?;
-        // The client's error says more than the echo's (which then only timed out).
-        let rtts = rtts?;
-        e.map(|()| rtts)
+        joined(client, echo, "the raw echo")
     })
+}
+
+/// The client's round trips once both sides of a ping-pong (`what`) ended: the
+/// client's error first, as it says more than the echo's (which then only timed out).
+fn joined(
+    client: std::thread::ScopedJoinHandle<'_, Result<Vec<Duration>, String>>,
+    echo: std::thread::ScopedJoinHandle<'_, Result<(), String>>,
+    what: &str,
+) -> Result<Vec<Duration>, String> {
+    let rtts = client
+        .join()
+        .map_err(|_| format!("{what}'s client panicked"))?;
+    let e = echo.join().map_err(|_| format!("{what} panicked"))?;
+    let rtts = rtts?;
+    e.map(|()| rtts)
 }
 
 /// `iters` RC SEND round trips of `size` bytes between engines in the two namespaces,
@@ -589,7 +596,7 @@ fn write_pingpong(
 ) -> Result<Vec<Duration>, String> {
     let (a, b) = super::rc_pair_on(pair, on, None, 2 * size + 4096, busy)?;
     // Each side's memory: its source at 0, the peer's WRITEs land at `size`.
-    let landed = size + size - 1;
+    let landed = 2 * size - 1;
     let write = |e: &Endpoint, to: &Endpoint, tag: u8| -> Result<(), String> {
         e.mem
             .write(size - 1, &[tag])
@@ -657,14 +664,6 @@ fn write_pingpong(
             stop.store(true, Ordering::Relaxed);
             r.map(|()| rtts)
         });
-        let r = client
-            .join()
-            .map_err(|_| "the RC WRITE client thread panicked".to_string())?;
-        let e = echo
-            .join()
-            .map_err(|_| "the RC WRITE echo thread panicked".to_string())?;
-        // The client's error says more than the echo's (which then only timed out).
-        let rtts = r?;
-        e.map(|()| rtts)
+        joined(client, echo, "the RC WRITE echo")
     })
 }
