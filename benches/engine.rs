@@ -14,21 +14,33 @@ static RESULTS: Mutex<BTreeMap<String, (u64, f64)>> = Mutex::new(BTreeMap::new()
 
 include!("support/engine_world.rs");
 
-fn benches(c: &mut Criterion) {
-    let mut g = c.benchmark_group("engine");
+/// A case: its name and a closure that moves one round of work and returns the packets
+/// it took.
+type Case = (&'static str, Box<dyn FnMut() -> u64>);
+
+fn cases() -> Vec<Case> {
+    let mut v: Vec<Case> = Vec::new();
     for (name, msgs, len, kind) in [
         ("write_1k_packets", 64usize, 64 * 1024usize, Kind::Write),
         ("send_64b", 4096, 64, Kind::Send),
     ] {
         let mut w = world();
-        packets(&mut g, name, || run(&mut w, msgs, len, kind));
+        v.push((name, Box::new(move || run(&mut w, msgs, len, kind))));
     }
     // Many QPs: one 4 KiB WRITE on each of 1000 QPs, against the same WRITEs on one QP
     // (`bench qps` on the wire; here without the runtime, so what is left is the
     // engine's own cost of spreading the work over QPs: their state out of cache).
     for (name, n) in [("write_4k_1qp", 1usize), ("write_4k_1000qps", 1000)] {
         let mut w = world_n(n);
-        packets(&mut g, name, || run_spread(&mut w, 1000, 4096));
+        v.push((name, Box::new(move || run_spread(&mut w, 1000, 4096))));
+    }
+    v
+}
+
+fn benches(c: &mut Criterion) {
+    let mut g = c.benchmark_group("engine");
+    for (name, once) in cases() {
+        packets(&mut g, name, once);
     }
     g.finish();
 }
@@ -61,7 +73,26 @@ fn packets(
     });
 }
 
+/// `ENGINE_BENCH_ROUNDS=case:n` runs `n` rounds of one case and nothing else, no
+/// criterion: a fixed amount of work, so that callgrind's instruction counts divide by
+/// the printed packet count (`valgrind --tool=callgrind --toggle-collect='engine::cases::{{closure}}'`).
+fn fixed_rounds(spec: &str) {
+    let (want, n) = spec
+        .split_once(':')
+        .expect("ENGINE_BENCH_ROUNDS=case:rounds");
+    let n: u64 = n.parse().expect("rounds: a number");
+    let (name, mut once) = cases()
+        .into_iter()
+        .find(|(name, _)| *name == want)
+        .expect("ENGINE_BENCH_ROUNDS: no such case");
+    let pkts: u64 = (0..n).map(|_| once()).sum();
+    println!("{name}: {n} rounds, {pkts} packets");
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("ENGINE_BENCH_ROUNDS") {
+        return fixed_rounds(&spec);
+    }
     let mut c = Criterion::default().configure_from_args();
     benches(&mut c);
     c.final_summary();
