@@ -2,7 +2,8 @@
 # the script each VM gets through fw_cfg, then that VM's step lines). A step waits for
 # "go ID" on the console, runs its perftest command with cpustat sampling the VM beside
 # it, and prints the tool's output ("RXI-OUT ID:"), the samples ("RXI-S ID:") and
-# "RXI: END ID rc=N". A server says "RXI: LISTENING ID" once its TCP port is open, so
+# "RXI: END ID rc=N". With BPERF set (ROCE_RXE_BENCH_PERF), perf samples the whole
+# VM during write_bw steps and its report comes back as "RXI-P ID:". A server says "RXI: LISTENING ID" once its TCP port is open, so
 # the host starts the client only then (perftest's client connects once).
 stty -echo 2>/dev/null
 gate() {
@@ -20,6 +21,14 @@ bstep() {
     echo "RXI: BEGIN $id"
     cpustat eth0 100 > /tmp/samples 2>&1 &
     sp=$!
+    pp=
+    case "$*" in
+        *ib_write_bw*)
+            if [ -n "${BPERF:-}" ]; then
+                perf record -a -g -F 499 -q -o /tmp/perf.data > /tmp/perf.log 2>&1 &
+                pp=$!
+            fi ;;
+    esac
     timeout "$tmo" sh -c "$*" > /tmp/out 2>&1 &
     pid=$!
     if [ "$role" = server ]; then
@@ -35,6 +44,18 @@ bstep() {
     rc=$?
     kill "$sp" 2>/dev/null
     wait "$sp" 2>/dev/null
+    if [ -n "$pp" ]; then
+        kill -INT "$pp" 2>/dev/null
+        wait "$pp" 2>/dev/null
+        { perf report -i /tmp/perf.data --stdio --no-children --sort comm,dso,sym \
+              --percent-limit 0.3 -g none 2>&1 | grep -v '^#' | grep -v '^ *$' | head -80
+          perf report -i /tmp/perf.data --stdio --no-children --sort dso \
+              --percent-limit 0.3 -g none 2>&1 | grep -v '^#' | grep -v '^ *$' | head -20
+          perf report -i /tmp/perf.data --stdio --no-children --sort sym \
+              --dsos '[kernel.kallsyms]' --percent-limit 1 -g callee,0.5,2 2>&1 | grep -v '^#' | grep -v '^ *$' | head -300
+          tail -3 /tmp/perf.log; } | sed "s/^/RXI-P $id: /"
+        rm -f /tmp/perf.data
+    fi
     sed "s/^/RXI-OUT $id: /" /tmp/out
     sed "s/^/RXI-S $id: /" /tmp/samples
     echo "RXI: END $id rc=$rc"

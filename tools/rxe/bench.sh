@@ -20,6 +20,10 @@
 # IB MTU 1024 only: the guest kernel's virtio-net has no multi-buffer XDP, which MTU
 # 4096 frames need. ROCE_RXE_BENCH_RUN adds options to every `roce-xdp run` (to compare
 # modes in the same image: "--caller-rounds off", "--busy-poll").
+# ROCE_RXE_BENCH_PERF=1 puts the host's perf into the VMs and profiles both of them
+# (all CPUs, call graphs, 499 Hz) through every write_bw step: the report of each goes to
+# $OUT/perf-ID-PAIRING-vmN.txt (use --keep). It slows the VMs: its figures are not
+# the bench's.
 
 BENCH_ROUNDS=${BENCH_ROUNDS:-3}
 BENCH_PIDS=
@@ -44,6 +48,16 @@ bench_initrd() {
     install -m 0755 "$BIN" "$root/usr/bin/roce-xdp"
     # roce-xdp finds it in ../lib/roce-xdp of its binary (/usr/lib is /lib here).
     install -m 0755 "$lib" "$root/lib/roce-xdp/libroce_xdp.so"
+    if [ -n "${ROCE_RXE_BENCH_PERF:-}" ]; then
+        # The host's perf (Debian 12's linux-perf: the guest's kernel series) and the
+        # libraries it loads, beside the image's own (the same Debian release).
+        local perf l
+        perf=$(command -v perf) || { echo "rxe-interop: FAIL: ROCE_RXE_BENCH_PERF needs perf (linux-perf)" >&2; return 1; }
+        install -m 0755 "$perf" "$root/usr/bin/perf"
+        for l in $(ldd "$perf" | awk '/=> \// { print $3 }'); do
+            install -D -m 0755 "$(readlink -f "$l")" "$root/lib/x86_64-linux-gnu/$(basename "$l")"
+        done
+    fi
     ( cd "$root" && find . | LC_ALL=C sort | "$IMG/busybox" cpio -o -H newc 2>/dev/null ) \
         | gzip -1 > "$OUT/bench-extra.cpio.gz"
     cat "$IMG/initrd.img" "$OUT/bench-extra.cpio.gz" > "$OUT/bench-initrd.img"
@@ -91,6 +105,7 @@ bench_plan() {
 }
 
 bench_guest() {   # bench_guest server|client < plan
+    [ -n "${ROCE_RXE_BENCH_PERF:-}" ] && echo "BPERF=1"
     cat "$HERE/rxe/bench-guest.sh"
     local id r c t sc cc cmd
     while IFS='|' read -r id r c t sc cc; do
@@ -195,6 +210,13 @@ bench_step() {   # bench_step ID ROUND CONF TEST
         } >> "$OUT/failures.log"
     else
         echo "  step $id: round $2, $(bench_conf_label "$3"), $4: $(tail -1 "$OUT/bench.tsv" | cut -f4)"
+    fi
+    if [ -n "${ROCE_RXE_BENCH_PERF:-}" ] && [ "$4" = write_bw ]; then
+        local vm
+        for vm in 1 2; do
+            bench_lines "$OUT/vm$vm.log" "$id" RXI-P > "$OUT/perf-$id-$3-vm$vm.txt"
+        done
+        echo "    perf: $OUT/perf-$id-$3-vm1.txt (server) and -vm2.txt (client)"
     fi
 }
 
