@@ -1824,7 +1824,10 @@ fn bench_loss_reports_goodput_beside_lossless_with_what_recovery_took() {
 
 /// A batch of frames takes one `sendto` (copy mode transmits up to 32 descriptors per
 /// call, synchronously); the turns after it must not kick again for frames the kernel
-/// has already sent. Before the fix every batch cost two system calls.
+/// has already sent. Before the fix every batch cost two system calls. Nor may the
+/// link hold its engine awake for them: once the kernel has taken the batch, nothing
+/// waits for a kick, though the completions come later (the engine used to spin on
+/// `sendto` and `sched_yield` until they did).
 #[test]
 fn the_tx_ring_is_kicked_once_per_batch_not_again_for_sent_frames() {
     if !need_root() {
@@ -1855,6 +1858,10 @@ fn the_tx_ring_is_kicked_once_per_batch_not_again_for_sent_frames() {
                 Some(frame.len())
             });
             assert_eq!(sent, batch);
+            assert!(
+                !link.tx_pending(),
+                "the sendto took all {batch} frames: none waits for another kick"
+            );
             // The engine's loop turns that follow: nothing new to send.
             for _ in 0..5 {
                 std::thread::sleep(Duration::from_millis(2));
