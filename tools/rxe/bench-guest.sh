@@ -3,8 +3,9 @@
 # "go ID" on the console, runs its perftest command with cpustat sampling the VM beside
 # it, and prints the tool's output ("RXI-OUT ID:"), the samples ("RXI-S ID:") and
 # "RXI: END ID rc=N". With BPERF set (ROCE_RXE_BENCH_PERF), perf samples the whole
-# VM during write_bw steps and its report comes back as "RXI-P ID:". A server says "RXI: LISTENING ID" once its TCP port is open, so
-# the host starts the client only then (perftest's client connects once).
+# VM during write_bw steps and its reports come back as "RXI-P ID:". A server says
+# "RXI: LISTENING ID" once its TCP port is open, so the host starts the client only
+# then (perftest's client connects once).
 stty -echo 2>/dev/null
 gate() {
     while read -r line; do
