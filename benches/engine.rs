@@ -75,7 +75,8 @@ fn packets(
 
 /// `ENGINE_BENCH_ROUNDS=case:n` runs `n` rounds of one case and nothing else, no
 /// criterion: a fixed amount of work, so that callgrind's instruction counts divide by
-/// the printed packet count (`valgrind --tool=callgrind --toggle-collect='engine::cases::{{closure}}'`).
+/// the printed packet count (`valgrind --tool=callgrind
+/// --toggle-collect='engine::cases::{{closure}}'`).
 fn fixed_rounds(spec: &str) {
     let (want, n) = spec
         .split_once(':')

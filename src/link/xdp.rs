@@ -68,8 +68,8 @@ struct Queue {
     pending_tx: Vec<FrameDesc>,
     /// Entries of the TX ring.
     tx_size: u32,
-    /// Descriptors are on the TX ring that the kernel has not taken yet (read from the
-    /// ring's consumer index after each push): only these need a kick, and only these
+    /// True while the TX ring holds descriptors the kernel has not taken yet (read from
+    /// the ring's consumer index after each push): only these need a kick, and only these
     /// keep the engine thread from sleeping. Frames the kernel has taken but not yet
     /// completed need neither: in copy mode their completions come when the driver
     /// frees the socket buffers, and virtio-net frees them late. Waiting for those
@@ -409,11 +409,13 @@ impl XdpLink {
             let m = unsafe { q.tx.produce(&q.pending_tx) };
             q.pending_tx.drain(..m);
         }
-        if q.tx.nb_free_exact() < q.tx_size && q.tx.needs_wakeup() {
+        let mut free = q.tx.nb_free_exact();
+        if free < q.tx_size && q.tx.needs_wakeup() {
             stats.tx_kicks += 1;
             let _ = q.tx.wakeup();
+            free = q.tx.nb_free_exact();
         }
-        q.untaken = q.tx.nb_free_exact() < q.tx_size;
+        q.untaken = free < q.tx_size;
     }
 }
 
