@@ -22,7 +22,7 @@ use crate::engine::{Counters, Engine};
 use crate::link::FrameLink;
 use crate::link::bpf::XdpStats;
 use crate::time::Time;
-use crate::verbs::{AsyncEvent, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState};
+use crate::verbs::{AsyncEvent, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
@@ -96,6 +96,9 @@ pub(crate) struct Locals {
     pub set: Arc<ShardSet>,
     /// Doorbells of QPs on their way here from another engine thread.
     pub held: Vec<u32>,
+    /// Where posted WRs are unpacked on their way into the engine, reused (see
+    /// `PostRing::pop_into`).
+    pub scratch: Box<(SendWr, RecvWr)>,
 }
 
 /// Counters of a running device: the engine's, the XDP program's, the link's.
@@ -953,6 +956,7 @@ fn shard_loop(
             me,
             set: set.clone(),
             held: Vec::new(),
+            scratch: Box::new((SendWr::send(0, &[]), RecvWr::new(0, &[]))),
         },
         link,
         fwd_rx: set.fwd[me].1.clone(),
@@ -1227,6 +1231,7 @@ pub(crate) struct Bells<'a> {
     pub set: &'a ShardSet,
     pub me: usize,
     pub held: &'a mut Vec<u32>,
+    scratch: &'a mut (SendWr, RecvWr),
 }
 
 impl Locals {
@@ -1238,6 +1243,7 @@ impl Locals {
             set: &self.set,
             me: self.me,
             held: &mut self.held,
+            scratch: &mut self.scratch,
         }
     }
 }
@@ -1277,24 +1283,27 @@ impl Bells<'_> {
         // a store: reading the poster's raising is what makes its WR visible to the drain.
         sh.rung.swap(false, Ordering::SeqCst);
         let (mut sref, mut rref) = (0u64, 0u64);
-        while let Some(wr) = sh.sq_ring.pop() {
-            let Some(wr) = wr else {
+        let (swr, rwr) = &mut *self.scratch;
+        while let Some(found) = sh.sq_ring.pop_into(swr) {
+            if !found {
                 tracing::error!("QP 0x{qpn:06x}: a posted send WR is missing from its ring");
                 sref += 1;
                 continue;
-            };
-            if let Err(e) = self.engine.post_send(qpn, &wr) {
+            }
+            let wr = &*swr;
+            if let Err(e) = self.engine.post_send(qpn, wr) {
                 tracing::warn!("send WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
                 sref += 1;
             }
         }
-        while let Some(wr) = sh.rq_ring.pop() {
-            let Some(wr) = wr else {
+        while let Some(found) = sh.rq_ring.pop_into(rwr) {
+            if !found {
                 tracing::error!("QP 0x{qpn:06x}: a posted receive WR is missing from its ring");
                 rref += 1;
                 continue;
-            };
-            if let Err(e) = self.engine.post_recv(qpn, &wr) {
+            }
+            let wr = &*rwr;
+            if let Err(e) = self.engine.post_recv(qpn, wr) {
                 tracing::warn!("receive WR {} on QP 0x{qpn:06x} refused: {e}", wr.wr_id);
                 rref += 1;
             }

@@ -52,6 +52,18 @@ impl SgList {
         l.len = sges.len() as u8;
         Some(l)
     }
+    /// Makes this list `sges` by copying just those entries (the rest keep whatever
+    /// they held and mean nothing); false, and unchanged, if there are more than
+    /// [`MAX_SGE`].
+    #[inline]
+    pub(crate) fn assign(&mut self, sges: &[Sge]) -> bool {
+        let Some(dst) = self.sges.get_mut(..sges.len()) else {
+            return false;
+        };
+        dst.copy_from_slice(sges);
+        self.len = sges.len() as u8;
+        true
+    }
     pub fn as_slice(&self) -> &[Sge] {
         &self.sges[..usize::from(self.len)]
     }
