@@ -173,9 +173,9 @@ impl<W: Compact> PostRing<W> {
     /// Takes the oldest WR posted into `into`, which the engine thread keeps from one
     /// WR to the next: `Some(true)` when `into` now holds it, `Some(false)` for an
     /// overflow slot whose WR is missing (the push order rules that out), `None` when
-    /// the ring is empty. A `SendWr` returned by value was
-    /// built whole (its 16 SGEs zeroed) and moved twice on its way to the engine: 69 ns
-    /// of `memmove` per 64 B WRITE on the requester's core (perf, `bench write -s 64`).
+    /// the ring is empty. A `SendWr` returned by value was built whole (its 16 SGEs
+    /// zeroed) and moved twice on its way to the engine: 44-81 ns of `memmove` per
+    /// 64 B WRITE on the requester's core (perf, `bench write -s 64`).
     pub(crate) fn pop_into(&self, into: &mut W) -> Option<bool> {
         Some(match self.ring.pop()? {
             Slot::Small(s) => {
