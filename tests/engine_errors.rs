@@ -359,6 +359,50 @@ fn deregistering_a_region_refuses_later_access() {
     assert_eq!(wait(&mut s, sa.cq, 1, 1)[0].status, WcStatus::RemAccessErr);
 }
 
+/// A source region deregistered after the post and before its packets leave: the WR
+/// completes with LOC_PROT_ERR (as with rxe) and no packet of it goes out or counts as
+/// sent. The requester finds this out as it reads the region into the packet, for the
+/// first packet of a multi-packet WRITE and for a one-packet SEND.
+#[test]
+fn a_source_region_deregistered_before_sending_fails_the_wr_and_sends_nothing() {
+    for (len, send) in [(3000usize, false), (64, true)] {
+        let (mut s, sa, sb) = rc(|_| {});
+        let mr = s.a.reg_mr(sa.pd, &sa.mem, 0, 4096, ALL_ACCESS).unwrap();
+        let g = Sge {
+            addr: mr.addr,
+            length: len as u32,
+            lkey: mr.lkey,
+        };
+        if send {
+            s.b.post_recv(sb.qpn, &RecvWr::new(1, &[sge(&sb, 0, 4096)]))
+                .unwrap();
+        }
+        let wr = if send {
+            SendWr::send(7, &[g])
+        } else {
+            SendWr::write(7, &[g], sb.mr.addr, sb.mr.rkey)
+        };
+        s.a.post_send(sa.qpn, &wr).unwrap();
+        let sent = s.a.counters().sent_pkts;
+        s.a.dereg_mr(mr.lkey).unwrap();
+        let wc = wait(&mut s, sa.cq, 1, 1);
+        assert_eq!(
+            (wc[0].wr_id, wc[0].status),
+            (7, WcStatus::LocProtErr),
+            "{len} B"
+        );
+        assert_eq!(s.a.counters().sent_pkts, sent, "{len} B: a packet counted");
+        let from_a = s
+            .link
+            .tap
+            .iter()
+            .flatten()
+            .filter(|(_, f)| Frame::parse(f).is_ok_and(|f| f.eth().src == MAC_A))
+            .count();
+        assert_eq!(from_a, 0, "{len} B: a packet of the failed WR left");
+    }
+}
+
 #[test]
 fn a_key_of_another_pd_is_useless() {
     let (mut s, sa, sb) = rc(|_| {});

@@ -503,12 +503,6 @@ impl Segs {
         self.segs[..usize::from(self.n)].iter()
     }
 
-    /// Checks that message bytes `off..off + len` can be read or written now (every
-    /// region they touch still valid), without copying.
-    pub fn check(&self, mrs: &MrTable, off: u64, len: usize) -> Result<(), AccessError> {
-        self.walk(mrs, off, len, |_, _, _, _| Ok(()))
-    }
-
     /// Copies message bytes `off..off + dst.len()` into `dst`.
     pub fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
         self.walk(mrs, off, dst.len(), |mr, mem_off, at, n| {

@@ -199,6 +199,27 @@ impl Qp {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Option<usize> {
+        self.try_emit(counters, buf, bth, ext, payload_len, |d| {
+            fill(d);
+            Ok::<(), std::convert::Infallible>(())
+        })?
+        .ok()
+    }
+
+    /// [`emit`](Self::emit) with a `fill` that may fail (the message's buffers are no
+    /// longer readable): `Some(Err(e))` then, and the frame left in `buf` is not one to
+    /// send (nor counted as sent). The requester reads its buffers this way once per
+    /// packet, where it used to check them and then read them, walking the same regions
+    /// twice.
+    pub fn try_emit<E>(
+        &self,
+        counters: &mut Counters,
+        buf: &mut [u8],
+        bth: BthRepr,
+        ext: ExtRepr,
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    ) -> Option<Result<usize, E>> {
         let path = self.path.as_ref()?;
         let roce = RoceRepr {
             bth,
@@ -206,11 +227,15 @@ impl Qp {
             payload: &[],
         };
         let id = Ctx::next_ip_id();
-        match path.tpl.emit(buf, id, &roce, payload_len, fill) {
-            Ok(n) => {
+        let mut filled = Ok(());
+        match path
+            .tpl
+            .emit(buf, id, &roce, payload_len, |d| filled = fill(d))
+        {
+            Ok(n) => Some(filled.map(|()| {
                 counters.sent_pkts += 1;
-                Some(n)
-            }
+                n
+            })),
             Err(_) => {
                 counters.send_err += 1;
                 None

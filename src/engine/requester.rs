@@ -224,14 +224,6 @@ impl SendWqe {
         }
     }
 
-    /// Checks that message bytes `off..off + len` can be read now.
-    fn check(&self, mrs: &MrTable, off: u64, len: usize) -> Result<(), AccessError> {
-        match self.inline() {
-            Some(d) => inline_range(d, off, len).map(|_| ()),
-            None => self.segs.check(mrs, off, len),
-        }
-    }
-
     /// Copies message bytes `off..off + dst.len()` into `dst`.
     fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
         match self.inline() {
@@ -945,25 +937,32 @@ impl Qp {
             ..BthRepr::new(opcode, self.attr.dest_qp_num, psn)
         };
         let off = u64::from(pkt_index) * u64::from(mtu);
-        let data_ok = payload_len == 0 || w.check(&ctx.mrs, off, payload_len).is_ok();
-        if !data_ok {
-            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
-            return None;
-        }
         let w = &self.req.sq[idx];
         let mrs = &ctx.mrs;
-        let n = self.emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
-            // Cannot fail: checked just above, and nothing runs in between.
-            let _ = w.gather(mrs, off, dst);
+        let m = u64::from(mtu);
+        let built = self.try_emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
+            if dst.is_empty() {
+                return Ok::<(), AccessError>(());
+            }
+            // Checks the regions as it reads them: one that is gone fails the WR with
+            // LOC_PROT_ERR (as rxe's requester does when its copy fails).
+            w.gather(mrs, off, dst)?;
             // The first packet warms the next PREFETCH_PKTS (a message of a few packets
-            // gets them all); later ones keep the window that far ahead.
-            let m = u64::from(mtu);
+            // gets them all; one of a single packet needs none); later ones keep the
+            // window that far ahead.
             if off == 0 {
-                w.prefetch(mrs, m, (super::PREFETCH_PKTS * m) as usize);
+                if w.length > m {
+                    w.prefetch(mrs, m, (super::PREFETCH_PKTS * m) as usize);
+                }
             } else {
                 w.prefetch(mrs, off + super::PREFETCH_PKTS * m, dst.len());
             }
+            Ok(())
         })?;
+        let Ok(n) = built else {
+            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
+            return None;
+        };
         // Book-keeping after the packet is built.
         let w = &mut self.req.sq[idx];
         let first_send = pkt_index >= w.sent_hi;
@@ -1068,16 +1067,19 @@ impl Qp {
             ..BthRepr::new(opcode, dest.remote_qpn, w.first_psn)
         };
         let len = w.length as usize;
-        if len > 0 && w.check(&ctx.mrs, 0, len).is_err() {
-            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
-            return None;
-        }
         let w = &self.req.sq[idx];
         let mrs = &ctx.mrs;
-        let n = self.emit(&mut ctx.counters, buf, bth, ext, len, |dst| {
-            // Cannot fail: checked just above.
-            let _ = w.gather(mrs, 0, dst);
+        let built = self.try_emit(&mut ctx.counters, buf, bth, ext, len, |dst| {
+            if dst.is_empty() {
+                Ok(())
+            } else {
+                w.gather(mrs, 0, dst)
+            }
         })?;
+        let Ok(n) = built else {
+            self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
+            return None;
+        };
         // UD completes when the packet is handed to the link (rxe does the same).
         self.req.sq[idx].state = WqeState::Done(WcStatus::Success);
         self.req.cur = idx + 1;
