@@ -224,8 +224,12 @@ impl SendWqe {
         }
     }
 
-    /// Copies message bytes `off..off + dst.len()` into `dst`.
+    /// Copies message bytes `off..off + dst.len()` into `dst`. Nothing to copy (a packet
+    /// without payload, wherever `off` is) is no access and cannot fail.
     fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
         match self.inline() {
             Some(d) => {
                 dst.copy_from_slice(inline_range(d, off, dst.len())?);
@@ -940,25 +944,27 @@ impl Qp {
         let w = &self.req.sq[idx];
         let mrs = &ctx.mrs;
         let m = u64::from(mtu);
-        let built = self.try_emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
-            if dst.is_empty() {
-                return Ok::<(), AccessError>(());
-            }
-            // Checks the regions as it reads them: one that is gone fails the WR with
-            // LOC_PROT_ERR (as rxe's requester does when its copy fails).
-            w.gather(mrs, off, dst)?;
-            // The first packet warms the next PREFETCH_PKTS (a message of a few packets
-            // gets them all; one of a single packet needs none); later ones keep the
-            // window that far ahead.
-            if off == 0 {
-                if w.length > m {
-                    w.prefetch(mrs, m, (super::PREFETCH_PKTS * m) as usize);
+        let built: Result<usize, AccessError> =
+            self.try_emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
+                // Checks the regions as it reads them: one that is gone fails the WR
+                // with LOC_PROT_ERR (as rxe's requester does when its copy fails).
+                w.gather(mrs, off, dst)?;
+                // The first packet warms the next PREFETCH_PKTS (a message of a few
+                // packets gets them all; one of a single packet needs none); later ones
+                // keep the window that far ahead. One without payload (a READ request)
+                // warms nothing.
+                if dst.is_empty() {
+                    return Ok(());
                 }
-            } else {
-                w.prefetch(mrs, off + super::PREFETCH_PKTS * m, dst.len());
-            }
-            Ok(())
-        })?;
+                if off == 0 {
+                    if w.length > m {
+                        w.prefetch(mrs, m, (super::PREFETCH_PKTS * m) as usize);
+                    }
+                } else {
+                    w.prefetch(mrs, off + super::PREFETCH_PKTS * m, dst.len());
+                }
+                Ok(())
+            })?;
         let Ok(n) = built else {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
             return None;
@@ -1070,11 +1076,7 @@ impl Qp {
         let w = &self.req.sq[idx];
         let mrs = &ctx.mrs;
         let built = self.try_emit(&mut ctx.counters, buf, bth, ext, len, |dst| {
-            if dst.is_empty() {
-                Ok(())
-            } else {
-                w.gather(mrs, 0, dst)
-            }
+            w.gather(mrs, 0, dst)
         })?;
         let Ok(n) = built else {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);
