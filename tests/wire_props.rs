@@ -211,6 +211,62 @@ proptest! {
     }
 
     #[test]
+    fn arbitrary_bytes_in_two_pieces_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..1600),
+        cut in any::<proptest::sample::Index>(),
+    ) {
+        let at = cut.index(bytes.len() + 1);
+        if let Ok(f) = Frame::parse_parts(&bytes[..at], &bytes[at..]) {
+            touch_chained(&f);
+        }
+    }
+
+    /// A valid frame cut anywhere after its transport headers (AF_XDP chains a frame
+    /// over buffers wherever the first one ends) parses, verifies and yields the same
+    /// payload, ICRC and headers as whole; cut before that, it is an error, not a panic.
+    #[test]
+    fn frames_in_two_pieces_read_as_whole_ones(c in arb_case(), cut in any::<proptest::sample::Index>()) {
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut buf).unwrap();
+        let whole = Frame::parse(&buf).unwrap();
+        let at = cut.index(buf.len() + 1);
+        let heads = whole.bth_offset() + whole.roce().payload_offset();
+        let pad = usize::from(whole.roce().bth().pad_count());
+        match Frame::parse_parts(&buf[..at], &buf[at..]) {
+            Ok(f) => {
+                touch_chained(&f);
+                prop_assert_eq!(f.is_chained(), at < buf.len());
+                f.verify().unwrap();
+                prop_assert_eq!(f.payload().to_vec(), whole.roce().payload().to_vec());
+                prop_assert_eq!(f.payload_len(), whole.payload_len());
+                prop_assert_eq!(f.icrc(), whole.icrc());
+                prop_assert_eq!(f.computed_icrc(), whole.computed_icrc());
+                prop_assert_eq!(f.roce().bth().psn(), whole.roce().bth().psn());
+                prop_assert_eq!(f.roce().ext(HeaderKind::Reth), whole.roce().ext(HeaderKind::Reth));
+            }
+            Err(e) => prop_assert!(at < heads + pad + 4, "cut at {} of {}: {:?}", at, buf.len(), e),
+        }
+    }
+
+    /// A bit flipped in the second piece of a chained frame (payload, pad or ICRC) is
+    /// caught, as in a whole one.
+    #[test]
+    fn flips_in_the_second_piece_are_caught(c in arb_case(), cut in any::<proptest::sample::Index>(), at in any::<proptest::sample::Index>(), bit in 0u8..8) {
+        let r = c.repr();
+        let mut buf = vec![0u8; r.buffer_len().unwrap()];
+        r.emit(&mut buf).unwrap();
+        let whole = Frame::parse(&buf).unwrap();
+        let heads = whole.bth_offset() + whole.roce().payload_offset() + 7;
+        prop_assume!(heads < buf.len());
+        let k = heads + cut.index(buf.len() - heads);
+        let i = k + at.index(buf.len() - k);
+        buf[i] ^= 1 << bit;
+        let f = Frame::parse_parts(&buf[..k], &buf[k..]).unwrap();
+        prop_assert!(f.verify().is_err(), "flip at {} bit {} (cut {}) unnoticed", i, bit, k);
+    }
+
+    #[test]
     fn parse_emit_round_trip(c in arb_case()) {
         let r = c.repr();
         let mut buf = vec![0u8; r.buffer_len().unwrap()];

@@ -50,11 +50,73 @@ impl<'a> IpView<'a> {
     }
 }
 
+/// Bytes that lie in one piece or in two, `first` then `rest` (empty for one): a frame
+/// AF_XDP chained over two buffers, and a payload such a frame splits. Handled where it
+/// lies so that it is copied once, into registered memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pieces<'a> {
+    pub first: &'a [u8],
+    pub rest: &'a [u8],
+}
+
+impl<'a> Pieces<'a> {
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.first.len() + self.rest.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.rest.is_empty()
+    }
+
+    /// The payload as one slice when it lies in one piece.
+    #[inline]
+    pub fn contiguous(&self) -> Option<&'a [u8]> {
+        self.rest.is_empty().then_some(self.first)
+    }
+
+    /// Its pieces in order, empty ones left out (at most two).
+    #[inline]
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        [self.first, self.rest]
+            .into_iter()
+            .filter(|p| !p.is_empty())
+    }
+
+    /// One piece.
+    #[inline]
+    pub fn one(b: &'a [u8]) -> Pieces<'a> {
+        Pieces {
+            first: b,
+            rest: &[],
+        }
+    }
+
+    /// Copies it into the start of `dst`, which must hold [`Self::len`] bytes.
+    pub fn copy_to(&self, dst: &mut [u8]) {
+        let (a, b) = dst[..self.len()].split_at_mut(self.first.len());
+        a.copy_from_slice(self.first);
+        b.copy_from_slice(self.rest);
+    }
+
+    /// The bytes joined in a new vector (off the hot path: captures, held frames).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        v.extend_from_slice(self.first);
+        v.extend_from_slice(self.rest);
+        v
+    }
+}
+
 /// A parsed, structurally valid RoCEv2 frame.
 #[derive(Debug, Clone, Copy)]
 pub struct Frame<'a> {
-    /// The frame up to the end of the IP packet (an Ethernet trailer is dropped).
+    /// The frame up to the end of the IP packet (an Ethernet trailer is dropped); for a
+    /// chained frame, the part in its first buffer.
     bytes: &'a [u8],
+    /// A chained frame's rest of the IP packet, from its later buffers; empty otherwise.
+    tail: &'a [u8],
     eth: EthRepr,
     l3: usize,
     l4: usize,
@@ -77,7 +139,18 @@ impl<'a> Frame<'a> {
     /// the RoCE packet (see [`RocePacket::new_checked`]). Checksums are not verified here.
     pub fn parse(frame: &'a [u8]) -> Result<Frame<'a>> {
         let (eth, l3) = EthRepr::parse(frame)?;
-        Self::parse_after_link(frame, eth, l3)
+        Self::parse_after_link(frame, &[], eth, l3)
+    }
+
+    /// Parses a frame that arrived in two pieces, `head` then `tail` (AF_XDP chains a
+    /// frame larger than one UMEM buffer), where they lie: the payload is then copied
+    /// once, from the buffers to registered memory, as for a frame in one piece. Checks
+    /// as [`Self::parse`] does over the bytes of both; every header up to the end of the
+    /// transport headers must be in `head` (a first buffer holds well over 1500 bytes),
+    /// else `Malformed`. An empty `tail` is [`Self::parse`].
+    pub fn parse_parts(head: &'a [u8], tail: &'a [u8]) -> Result<Frame<'a>> {
+        let (eth, l3) = EthRepr::parse(head)?;
+        Self::parse_after_link(head, tail, eth, l3)
     }
 
     /// Parses a packet that starts at its IP header (captures without an Ethernet header,
@@ -93,12 +166,19 @@ impl<'a> Frame<'a> {
             ethertype,
             ..EthRepr::default()
         };
-        Self::parse_after_link(packet, eth, 0)
+        Self::parse_after_link(packet, &[], eth, 0)
     }
 
     #[inline(always)]
-    fn parse_after_link(frame: &'a [u8], eth: EthRepr, l3: usize) -> Result<Frame<'a>> {
+    fn parse_after_link(
+        frame: &'a [u8],
+        more: &'a [u8],
+        eth: EthRepr,
+        l3: usize,
+    ) -> Result<Frame<'a>> {
         let rest = &frame[l3..];
+        // Bytes from the IP header on, in both pieces.
+        let avail = rest.len() + more.len();
         let (ip, ip_len, hdr_len) = match eth.ethertype {
             ETHERTYPE_IPV4 => {
                 let h = Ipv4HeaderSlice::from_slice(rest).map_err(|e| {
@@ -123,8 +203,8 @@ impl<'a> Frame<'a> {
                         header: hdr_len,
                     });
                 }
-                if total > rest.len() {
-                    return Err(truncated(Layer::Ipv4, l3 + total, frame.len()));
+                if total > avail {
+                    return Err(truncated(Layer::Ipv4, l3 + total, l3 + avail));
                 }
                 // MF flag or a fragment offset (bytes 6-7, DF excluded).
                 let frag = h.slice();
@@ -149,8 +229,8 @@ impl<'a> Frame<'a> {
                     }
                 })?;
                 let total = 40 + usize::from(h.payload_length());
-                if total > rest.len() {
-                    return Err(truncated(Layer::Ipv6, l3 + total, frame.len()));
+                if total > avail {
+                    return Err(truncated(Layer::Ipv6, l3 + total, l3 + avail));
                 }
                 if h.next_header() != etherparse::IpNumber::UDP {
                     return Err(Error::NotUdp(h.next_header().0));
@@ -160,22 +240,40 @@ impl<'a> Frame<'a> {
             other => return Err(Error::NotIp(other)),
         };
         let l4 = l3 + hdr_len;
-        let bytes = &frame[..l3 + ip_len];
-        let udp_bytes = &bytes[l4..];
-        let udp = UdpHeaderSlice::from_slice(udp_bytes)
-            .map_err(|_| truncated(Layer::Udp, l4 + udp::LEN, bytes.len()))?;
+        let end = l3 + ip_len;
+        // The IP packet ends in the first piece (an Ethernet trailer may fill the rest),
+        // or in the second.
+        let (bytes, tail) = if end <= frame.len() {
+            (&frame[..end], &[][..])
+        } else {
+            (frame, &more[..end - frame.len()])
+        };
+        let udp_bytes = bytes.get(l4..).unwrap_or(&[]);
+        let udp = UdpHeaderSlice::from_slice(udp_bytes).map_err(|_| {
+            if tail.is_empty() {
+                truncated(Layer::Udp, l4 + udp::LEN, bytes.len())
+            } else {
+                Error::Malformed("chained frame: the UDP header crosses into the second buffer")
+            }
+        })?;
         if udp.destination_port() != ROCE_V2_PORT {
             return Err(Error::NotRoce(udp.destination_port()));
         }
-        if usize::from(udp.length()) != udp_bytes.len() {
+        if usize::from(udp.length()) != udp_bytes.len() + tail.len() {
             return Err(Error::UdpLength {
                 udp: udp.length(),
-                ip: udp_bytes.len(),
+                ip: udp_bytes.len() + tail.len(),
             });
         }
-        let roce = RocePacket::new_checked(&udp_bytes[udp::LEN..])?;
+        let transport = &udp_bytes[udp::LEN..];
+        let roce = if tail.is_empty() {
+            RocePacket::new_checked(transport)?
+        } else {
+            RocePacket::new_checked_head(transport, transport.len() + tail.len())?
+        };
         Ok(Frame {
             bytes,
+            tail,
             eth,
             l3,
             l4,
@@ -184,10 +282,74 @@ impl<'a> Frame<'a> {
         })
     }
 
-    /// The frame bytes up to the end of the IP packet.
+    /// The frame bytes up to the end of the IP packet; for a chained frame, those in its
+    /// first piece (see [`Self::tail`]).
     #[inline]
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
+    }
+
+    /// A chained frame's bytes after [`Self::bytes`], to the end of the IP packet; empty
+    /// for a frame in one piece.
+    #[inline]
+    pub fn tail(&self) -> &'a [u8] {
+        self.tail
+    }
+
+    /// True when the frame arrived in two pieces ([`Self::parse_parts`]).
+    #[inline]
+    pub fn is_chained(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
+    /// The RoCE packet's length, BTH to ICRC, over both pieces.
+    #[inline]
+    pub fn roce_len(&self) -> usize {
+        self.roce.as_bytes().len() + self.tail.len()
+    }
+
+    /// The payload, pad excluded, where it lies: in one piece, or split between a chained
+    /// frame's two. What the engine copies into registered memory.
+    #[inline]
+    pub fn payload(&self) -> Pieces<'a> {
+        let head: &'a [u8] = &self.bytes[self.l4 + udp::LEN..];
+        let off = self.roce.payload_offset();
+        let end =
+            head.len() + self.tail.len() - usize::from(self.roce.bth().pad_count()) - icrc::LEN;
+        if end <= head.len() {
+            Pieces {
+                first: &head[off..end],
+                rest: &[],
+            }
+        } else {
+            Pieces {
+                first: &head[off..],
+                rest: &self.tail[..end - head.len()],
+            }
+        }
+    }
+
+    /// The payload's length, pad excluded.
+    #[inline]
+    pub fn payload_len(&self) -> usize {
+        self.roce_len()
+            - self.roce.payload_offset()
+            - usize::from(self.roce.bth().pad_count())
+            - icrc::LEN
+    }
+
+    /// The ICRC as the frame carries it (its last 4 bytes, which a chained frame may split).
+    #[inline]
+    pub fn icrc(&self) -> u32 {
+        if self.tail.is_empty() {
+            return self.roce.icrc();
+        }
+        let mut t = [0u8; icrc::LEN];
+        let n = self.tail.len().min(icrc::LEN);
+        t[icrc::LEN - n..].copy_from_slice(&self.tail[self.tail.len() - n..]);
+        let head = self.roce.as_bytes();
+        t[..icrc::LEN - n].copy_from_slice(&head[head.len() - (icrc::LEN - n)..]);
+        icrc::read(&t)
     }
     #[inline]
     pub fn eth(&self) -> &EthRepr {
@@ -232,7 +394,9 @@ impl<'a> Frame<'a> {
         let u = self.udp_header();
         u16::from_be_bytes([u[6], u[7]])
     }
-    /// The RoCE packet: BTH to ICRC.
+    /// The RoCE packet: BTH to ICRC. For a chained frame the view covers the first piece
+    /// only: its header accessors hold, but payload, pad and ICRC come from
+    /// [`Self::payload`] and [`Self::icrc`].
     #[inline]
     pub fn roce(&self) -> &RocePacket<&'a [u8]> {
         &self.roce
@@ -241,14 +405,26 @@ impl<'a> Frame<'a> {
     /// The ICRC this frame should carry.
     pub fn computed_icrc(&self) -> u32 {
         // Cannot fail: the IP, UDP and BTH lengths were checked by `parse`.
-        icrc::compute(self.ip.bytes(), self.udp_header(), self.roce.without_icrc())
-            .unwrap_or(!self.roce.icrc())
+        let r = if self.tail.is_empty() {
+            icrc::compute(self.ip.bytes(), self.udp_header(), self.roce.without_icrc())
+        } else {
+            // The ICRC's 4 bytes leave the end of the tail, or all of it and some of the head.
+            let head = self.roce.as_bytes();
+            let end = head.len() + self.tail.len() - icrc::LEN;
+            let (a, b) = if end <= head.len() {
+                (&head[..end], &[][..])
+            } else {
+                (head, &self.tail[..end - head.len()])
+            };
+            icrc::compute_parts(self.ip.bytes(), self.udp_header(), a, b)
+        };
+        r.unwrap_or(!self.icrc())
     }
 
     /// Checks the ICRC.
     #[inline]
     pub fn verify_icrc(&self) -> Result<()> {
-        let wire = self.roce.icrc();
+        let wire = self.icrc();
         let computed = self.computed_icrc();
         if wire == computed {
             Ok(())
@@ -267,7 +443,7 @@ impl<'a> Frame<'a> {
             return None;
         };
         // Covered after the ID: the rest of the IP header, UDP, BTH to the ICRC.
-        let after = (self.l4 - self.l3 - 6) + udp::LEN + self.roce.without_icrc().len();
+        let after = (self.l4 - self.l3 - 6) + udp::LEN + self.roce_len() - icrc::LEN;
         icrc::solve_u16_field(wire ^ computed, after).map(|x| x ^ h.identification())
     }
 
@@ -279,6 +455,15 @@ impl<'a> Frame<'a> {
         }
         let udp_bytes = &self.bytes[self.l4..];
         let computed = match self.ip {
+            _ if !self.tail.is_empty() => {
+                let (s, d) = match self.ip {
+                    IpView::V4(h) => (h.slice().get(12..20), None),
+                    IpView::V6(h) => (None, h.slice().get(8..40)),
+                };
+                let a = s.or(d).unwrap_or(&[]);
+                let half = a.len() / 2;
+                udp::checksum_parts(&a[..half], &a[half..], udp_bytes, self.tail)?
+            }
             IpView::V4(h) => udp::checksum_v4(h.source(), h.destination(), udp_bytes)?,
             IpView::V6(h) => udp::checksum_v6(h.source(), h.destination(), udp_bytes)?,
         };

@@ -94,6 +94,18 @@ pub fn compute_in_place(
 /// 40-byte IPv6 header), its 8-byte UDP header, and the UDP payload without the ICRC
 /// (BTH first). Returns `Malformed` when the pieces are too short to be headers.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> Result<u32> {
+    compute_parts(ip_header, udp_header, transport, &[])
+}
+
+/// [`compute`] for a UDP payload (without the ICRC) that lies in two pieces, `transport`
+/// then `rest`: a frame chained over two AF_XDP buffers, checked where it lies rather
+/// than copied together first. The BTH must be in `transport`.
+pub fn compute_parts(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    transport: &[u8],
+    rest: &[u8],
+) -> Result<u32> {
     if udp_header.len() != 8 {
         return Err(Error::Malformed("ICRC: UDP header is not 8 bytes"));
     }
@@ -148,6 +160,9 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> Result<
         h.update(&pre[..n]);
     }
     h.update(&transport[bth::LEN..]);
+    if !rest.is_empty() {
+        h.update(rest);
+    }
     Ok(h.finalize())
 }
 

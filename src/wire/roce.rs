@@ -38,53 +38,7 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
     /// multiple of 4 bytes.
     pub fn new_checked(buffer: T) -> Result<RocePacket<T>> {
         let b = buffer.as_ref();
-        let bth = BthHeader::new_checked(b)?;
-        if bth.tver() != 0 {
-            return Err(Error::BadTver(bth.tver()));
-        }
-        let op = bth.opcode();
-        let info = op.info().ok_or(Error::UnknownOpcode(op.0))?;
-        let need = bth::LEN + info.ext_len + icrc::LEN;
-        if b.len() < need {
-            // Name the first header that is cut short.
-            let mut end = bth::LEN;
-            for &k in info.headers {
-                end += k.wire_len();
-                if b.len() < end {
-                    return Err(Error::Truncated {
-                        layer: Layer::Ext(k),
-                        needed: end,
-                        available: b.len(),
-                    });
-                }
-            }
-            return Err(Error::Truncated {
-                layer: Layer::Icrc,
-                needed: need,
-                available: b.len(),
-            });
-        }
-        let after_headers = b.len() - need;
-        let pad = bth.pad_count();
-        if usize::from(pad) > after_headers {
-            return Err(Error::PadTooLarge {
-                pad,
-                available: after_headers,
-            });
-        }
-        let payload = after_headers - usize::from(pad);
-        if payload > MAX_PAYLOAD {
-            return Err(Error::PayloadTooLarge(payload));
-        }
-        if !info.payload && after_headers > 0 {
-            return Err(Error::UnexpectedPayload {
-                opcode: op.0,
-                len: after_headers,
-            });
-        }
-        if !after_headers.is_multiple_of(4) {
-            return Err(Error::Unaligned { payload, pad });
-        }
+        let info = check_layout(b, b.len())?;
         Ok(RocePacket { buffer, info })
     }
 
@@ -181,6 +135,81 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         let b = self.buffer.as_ref();
         let t = &b[b.len() - icrc::LEN..];
         u32::from_le_bytes([t[0], t[1], t[2], t[3]])
+    }
+}
+
+/// The checks of [`RocePacket::new_checked`] for a packet of `len` bytes whose first
+/// bytes are `b` (all of them, or the first piece of a chained frame). The BTH and the
+/// extension headers must lie in `b`, and as many bytes after them as pad and ICRC take,
+/// so that a view of `b` alone stays in bounds; the rest may lie elsewhere.
+fn check_layout(b: &[u8], len: usize) -> Result<&'static OpcodeInfo> {
+    let bth = BthHeader::new_checked(b)?;
+    if bth.tver() != 0 {
+        return Err(Error::BadTver(bth.tver()));
+    }
+    let op = bth.opcode();
+    let info = op.info().ok_or(Error::UnknownOpcode(op.0))?;
+    let need = bth::LEN + info.ext_len + icrc::LEN;
+    if len < need {
+        // Name the first header that is cut short.
+        let mut end = bth::LEN;
+        for &k in info.headers {
+            end += k.wire_len();
+            if len < end {
+                return Err(Error::Truncated {
+                    layer: Layer::Ext(k),
+                    needed: end,
+                    available: len,
+                });
+            }
+        }
+        return Err(Error::Truncated {
+            layer: Layer::Icrc,
+            needed: need,
+            available: len,
+        });
+    }
+    let after_headers = len - need;
+    let pad = bth.pad_count();
+    if usize::from(pad) > after_headers {
+        return Err(Error::PadTooLarge {
+            pad,
+            available: after_headers,
+        });
+    }
+    if b.len() < need + usize::from(pad) {
+        // Only a chained frame's first piece can be this short. Holding the headers plus
+        // as many bytes as pad and ICRC keeps every accessor of its view in bounds.
+        return Err(Error::Malformed(
+            "chained frame: its first piece ends inside the transport headers",
+        ));
+    }
+    let payload = after_headers - usize::from(pad);
+    if payload > MAX_PAYLOAD {
+        return Err(Error::PayloadTooLarge(payload));
+    }
+    if !info.payload && after_headers > 0 {
+        return Err(Error::UnexpectedPayload {
+            opcode: op.0,
+            len: after_headers,
+        });
+    }
+    if !after_headers.is_multiple_of(4) {
+        return Err(Error::Unaligned { payload, pad });
+    }
+    Ok(info)
+}
+
+impl<'a> RocePacket<&'a [u8]> {
+    /// The header view of a packet that arrived in two pieces (an AF_XDP multi-buffer
+    /// frame), `head` first, `len` bytes in all; checked as [`Self::new_checked`] checks a
+    /// whole one. Only its header accessors (BTH, extension headers, `info`) are
+    /// meaningful: payload, pad and ICRC lie partly in the other piece, and
+    /// [`Frame`](super::Frame)'s accessors give them (the view's own stay in bounds but
+    /// see `head` only).
+    pub(crate) fn new_checked_head(head: &'a [u8], len: usize) -> Result<Self> {
+        let info = check_layout(head, len)?;
+        Ok(RocePacket { buffer: head, info })
     }
 }
 

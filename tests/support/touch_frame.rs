@@ -38,3 +38,23 @@ fn touch(f: &Frame<'_>) {
     roce_xdp::decode::explain::lower_layers(&mut out, f);
     roce_xdp::decode::explain::roce_layers(&mut out, f);
 }
+
+// A frame parsed in two pieces (`Frame::parse_parts`): the accessors the engine uses on
+// it, and those of its header view, which must stay in bounds though they see the first
+// piece only. Must not panic whatever it holds.
+fn touch_chained(f: &Frame<'_>) {
+    let _ = f.verify();
+    let _ = f.computed_icrc();
+    let _ = (f.icrc(), f.payload_len(), f.roce_len(), f.is_chained());
+    let p = f.payload();
+    assert_eq!(p.len(), f.payload_len());
+    let mut joined = vec![0u8; p.len()];
+    p.copy_to(&mut joined);
+    let _ = p.contiguous();
+    let r = f.roce();
+    let _ = (r.payload(), r.pad_bytes(), r.icrc(), r.payload_len());
+    let b = r.bth();
+    let _ = (b.opcode(), b.psn(), b.dest_qp(), b.pkey(), b.ack_req());
+    let _ = (r.reth().map(|h| h.va()), r.aeth().map(|h| h.syndrome()));
+    let _ = (r.deth().map(|h| h.qkey()), r.immdt(), r.ieth());
+}
