@@ -2,7 +2,7 @@
 //! reordering, duplicating and corrupting simulated link, with PSNs that cross 2^24.
 
 mod common;
-use common::transfer::transfer;
+use common::transfer::{transfer, transfer_opts};
 use roce_xdp::verbs::Mtu;
 
 const TOTAL: u64 = 64 << 20;
@@ -63,4 +63,24 @@ fn mtu4096_1pct() {
 #[test]
 fn mtu4096_10pct() {
     transfer(Mtu::Mtu4096, 0.10, TOTAL, 6);
+}
+
+/// Frames delivered in two pieces, as AF_XDP chains a frame larger than one UMEM buffer:
+/// cut where a 4096-byte and a 2048-byte buffer end (3840 and 1792 bytes of frame), and
+/// at an odd place inside IB MTU 1024 payloads. WRITE, READ response and SEND payloads
+/// are placed from both pieces; every byte is checked, lossless and at 1% loss.
+#[test]
+fn chained_frames() {
+    for (mtu, loss, cut, seed) in [
+        (Mtu::Mtu4096, 0.0, 3840, 7),
+        (Mtu::Mtu4096, 0.01, 1792, 8),
+        (Mtu::Mtu1024, 0.0, 1001, 9),
+    ] {
+        let st = transfer_opts(mtu, loss, 16 << 20, seed, 1 << 20, cut);
+        assert!(
+            st.chained > 1000,
+            "{mtu:?} cut {cut}: {} chained",
+            st.chained
+        );
+    }
 }

@@ -118,6 +118,10 @@ pub fn render(p: &Published, all: bool) -> String {
             "rx_no_room",
             "AF_XDP: frames the kernel dropped: no free UMEM frame or RX ring slot",
         ),
+        (
+            "rx_chained",
+            "AF_XDP: frames received over several UMEM buffers, taken where they lay",
+        ),
     ] {
         let v = j[name].as_u64().unwrap_or(0);
         if v != 0 || all {

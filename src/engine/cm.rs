@@ -815,7 +815,11 @@ impl Cm {
             return;
         }
         let src_qp = deth.map_or(GSI_QPN, |d| d.src_qp());
-        let payload = r.payload();
+        // A MAD is 256 bytes: never a frame chained over two buffers.
+        let Some(payload) = f.payload().contiguous() else {
+            self.counters.drop_malformed += 1;
+            return;
+        };
         let Ok(h) = mad::Header::new_checked(payload) else {
             self.counters.drop_malformed += 1;
             return;

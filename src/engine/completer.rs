@@ -21,7 +21,7 @@ use super::requester::{WqeState, timeout_ns};
 use crate::time::Time;
 use crate::verbs::{QpState, QpType, WcStatus, WrOpcode};
 use crate::wire::aeth::{NakCode, Syndrome, rnr_timer_ns};
-use crate::wire::{Frame, Operation, Position, Psn};
+use crate::wire::{Frame, Operation, Pieces, Position, Psn};
 
 /// What covering a PSN with an acknowledgement found.
 enum Covered {
@@ -71,7 +71,7 @@ impl Qp {
                     self.fail_at(ctx, now, psn, WcStatus::BadRespErr);
                     return;
                 }
-                self.on_read_response(ctx, now, psn, r.info().position, r.payload());
+                self.on_read_response(ctx, now, psn, r.info().position, f.payload());
             }
             Operation::AtomicAck => {
                 let (Some(a), Some(orig)) = (r.aeth(), r.atomic_ack_eth()) else {
@@ -239,7 +239,7 @@ impl Qp {
         now: Time,
         psn: Psn,
         pos: Position,
-        payload: &[u8],
+        payload: Pieces<'_>,
     ) {
         // The WQE this response belongs to: the first unfinished one ending at or after psn.
         let Some(idx) = self.req.sq.iter().position(|w| {
@@ -306,7 +306,7 @@ impl Qp {
             self.fail_at(ctx, now, psn, WcStatus::BadRespErr);
             return;
         }
-        if w.segs.scatter(&ctx.mrs, off, payload).is_err() {
+        if w.segs.scatter_payload(&ctx.mrs, off, payload).is_err() {
             self.fail_at(ctx, now, psn, WcStatus::LocProtErr);
             return;
         }

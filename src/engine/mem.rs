@@ -7,6 +7,7 @@ use crate::rng::Rng;
 use crate::verbs::mr::{MrInfo, MrInner, MrKind};
 use crate::verbs::wr::{MAX_SGE, MwBind, SgList, Sge};
 use crate::verbs::{AccessFlags, Error, Memory};
+use crate::wire::Pieces;
 use std::sync::Arc;
 
 /// Why a local or remote memory access was refused.
@@ -547,6 +548,21 @@ impl Segs {
                 .write(mem_off, &src[at..at + n])
                 .map_err(|_| AccessError::Range)
         })
+    }
+
+    /// [`Self::scatter`] for a received payload, piece by piece (a chained frame's payload
+    /// lies in two buffers).
+    pub fn scatter_payload(
+        &self,
+        mrs: &MrTable,
+        mut off: u64,
+        p: Pieces<'_>,
+    ) -> Result<(), AccessError> {
+        for piece in p.iter() {
+            self.scatter(mrs, off, piece)?;
+            off += piece.len() as u64;
+        }
+        Ok(())
     }
 
     /// Calls `f(region, offset in its memory, offset in the caller's buffer, count)` for

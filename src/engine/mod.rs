@@ -836,8 +836,8 @@ impl Engine {
     /// The destination QP of a RoCEv2 frame that is not one of this engine's QPs (the
     /// runtime's shards hand such frames to the engine that owns the QP). `None` for
     /// frames that are this engine's to judge, unparsable ones included.
-    pub fn foreign_qp(&self, frame: &[u8]) -> Option<u32> {
-        let f = Frame::parse(frame).ok()?;
+    pub fn foreign_qp(&self, head: &[u8], tail: &[u8]) -> Option<u32> {
+        let f = Frame::parse_parts(head, tail).ok()?;
         let qpn = f.roce().bth().dest_qp();
         (!self.qps.contains_key(&qpn)).then_some(qpn)
     }
@@ -1094,9 +1094,16 @@ impl Engine {
     /// the packet's addresses. Then requests go to the responder, responses to the
     /// completer. Every drop is counted by reason.
     pub fn handle_frame(&mut self, now: Time, frame: &[u8]) {
+        self.handle_frame_parts(now, frame, &[]);
+    }
+
+    /// [`Self::handle_frame`] for a frame that arrived in two pieces, `head` then `tail`
+    /// (AF_XDP chains a frame larger than one UMEM buffer). It is checked and its payload
+    /// placed where it lies, so the payload is copied once, buffers to registered memory.
+    pub fn handle_frame_parts(&mut self, now: Time, head: &[u8], tail: &[u8]) {
         self.now = self.now.max(now);
         let c = &mut self.ctx.counters;
-        let f = match Frame::parse(frame) {
+        let f = match Frame::parse_parts(head, tail) {
             Ok(f) => f,
             Err(e) => {
                 if e.is_not_roce() {
@@ -1348,6 +1355,9 @@ impl Engine {
 impl Node for Engine {
     fn handle_frame(&mut self, now: Time, frame: &[u8]) {
         Engine::handle_frame(self, now, frame)
+    }
+    fn handle_frame_parts(&mut self, now: Time, head: &[u8], tail: &[u8]) {
+        Engine::handle_frame_parts(self, now, head, tail)
     }
     fn handle_timeout(&mut self, now: Time) {
         Engine::handle_timeout(self, now)

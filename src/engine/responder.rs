@@ -385,7 +385,7 @@ impl Qp {
         // CHK_LENGTH (IBA 9.7.5.1.5): FIRST/MIDDLE carry exactly one MTU, LAST 1..MTU,
         // ONLY at most one MTU.
         let mtu = u64::from(self.mtu(ctx));
-        let plen = r.payload_len() as u64;
+        let plen = f.payload_len() as u64;
         let len_ok = match pos {
             Position::First | Position::Middle => plen == mtu,
             Position::Last => plen > 0 && plen <= mtu,
@@ -418,7 +418,7 @@ impl Qp {
     fn exec_send(&mut self, ctx: &mut Ctx, now: Time, f: &Frame<'_>) -> Result<(), Refuse> {
         let r = f.roce();
         let info = r.info();
-        let payload = r.payload();
+        let payload = f.payload();
         if info.position.starts() {
             let Some(wqe) = self.take_recv(ctx) else {
                 return Err(Refuse::Rnr);
@@ -437,7 +437,7 @@ impl Qp {
             // with LOC_LEN_ERR (IBA 10.8.4; rxe reports REM_INV_REQ_ERR here).
             return Err(Refuse::InvalidRequest(WcStatus::LocLenErr));
         }
-        if wqe.segs.scatter(&ctx.mrs, *off, payload).is_err() {
+        if wqe.segs.scatter_payload(&ctx.mrs, *off, payload).is_err() {
             return Err(Refuse::RemoteOp(WcStatus::LocProtErr));
         }
         *off += payload.len() as u64;
@@ -472,7 +472,7 @@ impl Qp {
         let r = f.roce();
         let info = r.info();
         let pos = info.position;
-        let payload = r.payload();
+        let payload = f.payload();
         // WRITE_*_WITH_IMM consumes a receive WQE: check it before placing any data.
         if info.has_imm() && !self.has_recv(ctx) {
             return Err(Refuse::Rnr);
@@ -525,8 +525,15 @@ impl Qp {
             let Some(m) = mr else {
                 return Err(Refuse::InvalidRequest(WcStatus::RemInvReqErr));
             };
-            if !m.is_valid() || m.memory().write(*off, payload).is_err() {
+            if !m.is_valid() {
                 return Err(Refuse::RemoteAccess);
+            }
+            let mut at = *off;
+            for piece in payload.iter() {
+                if m.memory().write(at, piece).is_err() {
+                    return Err(Refuse::RemoteAccess);
+                }
+                at += piece.len();
             }
         }
         *off += n as usize;
@@ -821,7 +828,7 @@ impl Qp {
             return;
         }
         let mtu = u64::from(self.mtu(ctx));
-        let plen = r.payload_len() as u64;
+        let plen = f.payload_len() as u64;
         let len_ok = match pos {
             Position::First | Position::Middle => plen == mtu,
             Position::Last => plen > 0 && plen <= mtu,
@@ -865,7 +872,7 @@ impl Qp {
             ctx.counters.drop_no_recv_wqe += 1;
             return;
         };
-        let payload = r.payload();
+        let payload = f.payload();
         let total = 40 + payload.len() as u64;
         let mut wc = Wc::new(self.qpn, wqe.wr_id, WcOpcode::Recv, WcStatus::Success);
         if wqe.err.is_some() {
@@ -885,7 +892,7 @@ impl Qp {
                 IpView::V6(h) => grh.copy_from_slice(&h.slice()[..40]),
             }
             if wqe.segs.scatter(&ctx.mrs, 0, &grh).is_err()
-                || wqe.segs.scatter(&ctx.mrs, 40, payload).is_err()
+                || wqe.segs.scatter_payload(&ctx.mrs, 40, payload).is_err()
             {
                 wc.status = WcStatus::LocProtErr;
             } else {

@@ -9,12 +9,27 @@ pub mod udp;
 pub mod xdp;
 
 use crate::time::Time;
+use crate::wire::Pieces;
 
 /// Something that sends and receives frames: the sans-IO engine's I/O surface
 /// (quinn-proto's `handle_*` / `poll_*` split).
 pub trait Node {
     /// A frame arrived.
     fn handle_frame(&mut self, now: Time, frame: &[u8]);
+    /// A frame arrived in two pieces, `head` then `tail` (a link that chains a large
+    /// frame over buffers). Nodes that take frames only whole get them joined.
+    fn handle_frame_parts(&mut self, now: Time, head: &[u8], tail: &[u8]) {
+        if tail.is_empty() {
+            self.handle_frame(now, head);
+        } else {
+            let f = Pieces {
+                first: head,
+                rest: tail,
+            }
+            .to_vec();
+            self.handle_frame(now, &f);
+        }
+    }
     /// The deadline returned by `poll_timeout` passed.
     fn handle_timeout(&mut self, now: Time);
     /// Writes the next frame to send into `buf`; its length, or `None` if nothing waits.
@@ -26,8 +41,10 @@ pub trait Node {
 /// A link that moves whole Ethernet frames: what the runtime drives (AF_XDP, or UDP
 /// sockets standing in for one).
 pub trait FrameLink: Send {
-    /// Receives up to `max` frames, handing each, contiguous, to `f`. Returns how many.
-    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize;
+    /// Receives up to `max` frames, handing each to `f` where it lies: in one piece, or
+    /// in two when the link chained it over buffers (AF_XDP multi-buffer). Returns how
+    /// many.
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(Pieces<'_>)) -> usize;
     /// Sends frames that `fill` writes into the buffer it is given (returning the length,
     /// or `None` when there is nothing more to send), as many as the rings take.
     fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize;

@@ -35,6 +35,10 @@ pub struct LinkConfig {
     pub reorder_delay_ns: u64,
     /// Probability one bit of a frame is flipped.
     pub corrupt: f64,
+    /// Frames longer than this many bytes arrive in two pieces split here, as AF_XDP
+    /// chains a frame larger than one UMEM buffer (`Node::handle_frame_parts`); 0 keeps
+    /// every frame whole.
+    pub chain_at: usize,
 }
 
 impl Default for LinkConfig {
@@ -49,6 +53,7 @@ impl Default for LinkConfig {
             reorder: 0.0,
             reorder_delay_ns: 50_000,
             corrupt: 0.0,
+            chain_at: 0,
         }
     }
 }
@@ -79,6 +84,8 @@ pub struct LinkStats {
     pub reordered: u64,
     pub corrupted: u64,
     pub bytes: u64,
+    /// Frames delivered in two pieces (`LinkConfig::chain_at`).
+    pub chained: u64,
 }
 
 struct InFlight {
@@ -319,9 +326,11 @@ impl SimLink {
         self.dirs.iter().map(|d| d.queue.len() + d.fifo.len()).sum()
     }
 
-    /// Hands the next frame of direction `dir` that has arrived by `now` to `f`.
-    /// Returns false when none has.
-    pub fn deliver(&mut self, dir: usize, now: Time, f: impl FnOnce(&[u8])) -> bool {
+    /// Hands the next frame of direction `dir` that has arrived by `now` to `f`, in two
+    /// pieces when it is longer than the direction's `chain_at` (else the second is
+    /// empty). Returns false when none has.
+    pub fn deliver(&mut self, dir: usize, now: Time, f: impl FnOnce(&[u8], &[u8])) -> bool {
+        let chain_at = self.dirs[dir].cfg.chain_at;
         let d = &mut self.dirs[dir];
         let key = |x: &InFlight| (x.arrival, x.seq);
         let from_heap = match (d.fifo.front(), d.queue.peek()) {
@@ -347,7 +356,14 @@ impl SimLink {
             return false;
         };
         d.stats.delivered += 1;
-        f(&fl.buf[..fl.len]);
+        let frame = &fl.buf[..fl.len];
+        if chain_at > 0 && fl.len > chain_at {
+            d.stats.chained += 1;
+            let (head, tail) = frame.split_at(chain_at);
+            f(head, tail);
+        } else {
+            f(frame, &[]);
+        }
         self.pool.push(fl.buf);
         true
     }
@@ -411,10 +427,16 @@ impl<A: Node, B: Node> Sim<A, B> {
         let now = self.now;
         let (a, b) = (&mut self.a, &mut self.b);
         let mut did = false;
-        while self.link.deliver(0, now, |f| b.handle_frame(now, f)) {
+        while self
+            .link
+            .deliver(0, now, |h, t| b.handle_frame_parts(now, h, t))
+        {
             did = true;
         }
-        while self.link.deliver(1, now, |f| a.handle_frame(now, f)) {
+        while self
+            .link
+            .deliver(1, now, |h, t| a.handle_frame_parts(now, h, t))
+        {
             did = true;
         }
         if self.a.poll_timeout().is_some_and(|t| t <= now) {

@@ -22,7 +22,7 @@
 use super::FrameLink;
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::ip::{Ipv4Repr, Ipv6Repr};
-use crate::wire::{EthRepr, Frame, IpRepr, ROCE_V2_PORT};
+use crate::wire::{EthRepr, Frame, IpRepr, Pieces, ROCE_V2_PORT};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -163,7 +163,7 @@ fn from_sockaddr(s: &libc::sockaddr_in6) -> Option<SocketAddr> {
 }
 
 impl FrameLink for UdpLink {
-    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(Pieces<'_>)) -> usize {
         let n = max.min(BATCH);
         if n == 0 {
             return 0;
@@ -217,7 +217,7 @@ impl FrameLink for UdpLink {
                     }
                     self.rx_ipv4_id_solved += 1;
                 }
-                f(&self.frame[..flen]);
+                f(Pieces::one(&self.frame[..flen]));
                 delivered += 1;
             }
         }

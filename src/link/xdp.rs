@@ -7,12 +7,16 @@
 //! parsed in place on receive and built in place on transmit, so its payload is copied
 //! once between the wire and registered memory. A larger one (RoCE path MTU 4096 needs
 //! about 4170 bytes, more than a 4096-byte UMEM frame minus its headroom) is chained
-//! over several buffers (`XDP_USE_SG`, `XDP_PKT_CONTD`) and goes through a scratch
-//! buffer: one extra copy, measured and noted in the README.
+//! over several buffers (`XDP_USE_SG`, `XDP_PKT_CONTD`). On receive, its first buffer
+//! stays where it is and the engine takes the frame in two pieces, that buffer and the
+//! rest (the later buffers, gathered: one buffer at IB MTU 4096), so its payload too is
+//! copied once into registered memory. On transmit, it is built in a scratch buffer and
+//! copied into the buffers it needs: one extra copy.
 
 use super::FrameLink;
 use super::bpf::XdpProgram;
 use crate::host::Interface;
+use crate::wire::Pieces;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::os::fd::{AsRawFd, RawFd};
@@ -77,8 +81,11 @@ struct Queue {
     /// `sched_yield`s per 64 KiB WRITE it received (perf stat, `tools/rxe-interop
     /// --bench`), for one ACK sent.
     untaken: bool,
-    /// A chained (multi-buffer) frame being gathered. Its buffers can arrive over
-    /// several RX batches, so the state lives here, per queue, between `recv` calls.
+    /// A chained (multi-buffer) frame being received. Its buffers can arrive over
+    /// several RX batches, so the state lives here, per queue, between `recv` calls: the
+    /// first buffer, kept out of the fill ring until the frame is handed on, and the
+    /// later buffers' bytes gathered behind it in `chain`.
+    chain_head: Option<FrameDesc>,
     chain: Vec<u8>,
     chain_len: usize,
     chain_bad: bool,
@@ -93,7 +100,7 @@ pub struct XdpLinkStats {
     pub tx_frames: u64,
     pub rx_multi_buffer: u64,
     pub tx_multi_buffer: u64,
-    /// Frames dropped because a chained frame was longer than the scratch buffer.
+    /// Frames dropped because a chained frame was longer than the largest frame.
     pub rx_too_long: u64,
     /// Transmissions that found no free UMEM frame or ring slot.
     pub tx_ring_full: u64,
@@ -314,6 +321,7 @@ impl XdpLink {
             } else {
                 Vec::new()
             },
+            chain_head: None,
             chain_len: 0,
             chain_bad: false,
             zero_copy,
@@ -420,7 +428,7 @@ impl XdpLink {
 }
 
 impl FrameLink for XdpLink {
-    fn recv(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> usize {
+    fn recv(&mut self, max: usize, f: &mut dyn FnMut(Pieces<'_>)) -> usize {
         let mut total = 0;
         let batch = self.batch;
         for q in &mut self.queues {
@@ -435,32 +443,46 @@ impl FrameLink for XdpLink {
                 let d = q.descs[i];
                 // SAFETY: the frame is ours (consumed from the RX ring, not yet refilled).
                 let data = unsafe { q.umem.data(&d) }.contents();
-                if d.has_more_frames() || q.chain_len > 0 {
-                    // Part of a chained frame: gather it (the only extra copy, and only
-                    // for frames larger than one UMEM frame).
-                    let at = q.chain_len;
-                    if at + data.len() <= q.chain.len() {
-                        q.chain[at..at + data.len()].copy_from_slice(data);
-                    } else {
-                        q.chain_bad = true;
+                let Some(h) = q.chain_head else {
+                    if d.has_more_frames() {
+                        // The first buffer of a chained frame: it waits, unread and out of
+                        // the fill ring, for the rest.
+                        q.chain_head = Some(d);
+                        continue;
                     }
-                    q.chain_len += data.len();
-                    if !d.has_more_frames() {
-                        if q.chain_bad {
-                            self.stats.rx_too_long += 1;
-                        } else {
-                            self.stats.rx_multi_buffer += 1;
-                            f(&q.chain[..q.chain_len]);
-                        }
-                        q.chain_len = 0;
-                        q.chain_bad = false;
-                        total += 1;
-                    }
-                } else {
-                    f(data);
+                    f(Pieces::one(data));
                     total += 1;
+                    q.refill.push(d);
+                    continue;
+                };
+                // A later buffer of a chained frame: gathered behind the earlier ones (at
+                // IB MTU 4096, the one later buffer holds a few hundred bytes).
+                let at = q.chain_len;
+                if at + data.len() <= q.chain.len() {
+                    q.chain[at..at + data.len()].copy_from_slice(data);
+                } else {
+                    q.chain_bad = true;
                 }
+                q.chain_len += data.len();
                 q.refill.push(d);
+                if !d.has_more_frames() {
+                    if q.chain_bad {
+                        self.stats.rx_too_long += 1;
+                    } else {
+                        self.stats.rx_multi_buffer += 1;
+                        // SAFETY: `h` is ours as `d` is: consumed, held back from refill.
+                        let head = unsafe { q.umem.data(&h) }.contents();
+                        f(Pieces {
+                            first: head,
+                            rest: &q.chain[..q.chain_len],
+                        });
+                    }
+                    q.chain_head = None;
+                    q.chain_len = 0;
+                    q.chain_bad = false;
+                    total += 1;
+                    q.refill.push(h);
+                }
             }
             if !q.refill.is_empty() {
                 // SAFETY: these frames are ours and done with; they go back to the kernel.

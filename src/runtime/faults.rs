@@ -43,7 +43,7 @@ impl Faults {
     }
 
     /// Takes `f` (true: held, the caller must not deliver it now).
-    pub fn hold(&mut self, now: Time, f: &[u8]) -> bool {
+    pub fn hold(&mut self, now: Time, f: crate::wire::Pieces<'_>) -> bool {
         if self.held.len() >= MAX_HELD || self.rng.next_u32() % 100 >= self.cfg.reorder_percent {
             return false;
         }
@@ -86,7 +86,7 @@ mod tests {
         let mut seen = Vec::new();
         for i in 0..1000u32 {
             let t = Time(u64::from(i) * 1000);
-            if !f.hold(t, &i.to_ne_bytes()) {
+            if !f.hold(t, crate::wire::Pieces::one(&i.to_ne_bytes())) {
                 seen.push(i);
             }
             f.release(t, |b| seen.push(u32::from_ne_bytes(b.try_into().unwrap())));

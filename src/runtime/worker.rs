@@ -23,6 +23,7 @@ use crate::link::FrameLink;
 use crate::link::bpf::XdpStats;
 use crate::time::Time;
 use crate::verbs::{AsyncEvent, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
+use crate::wire::Pieces;
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
@@ -126,6 +127,9 @@ pub struct Stats {
     /// AF_XDP: frames the kernel dropped before the engine saw them for want of a free
     /// UMEM frame or RX ring slot (the peer's retransmissions recover them).
     pub rx_no_room: u64,
+    /// AF_XDP multi-buffer: frames received chained over several UMEM buffers (larger
+    /// than one), handed to the engine in two pieces where they lay.
+    pub rx_chained: u64,
     /// Frames the runtime's fault layer held back (reordered), when configured.
     pub fault_reordered: u64,
     /// Rounds of the data path that application threads ran as they polled, and did
@@ -146,6 +150,7 @@ impl Stats {
             t.forward_dropped += s.forward_dropped;
             t.tx_waits += s.tx_waits;
             t.rx_no_room += s.rx_no_room;
+            t.rx_chained += s.rx_chained;
             t.fault_reordered += s.fault_reordered;
             t.app_rounds += s.app_rounds;
             if k == 0 {
@@ -177,6 +182,7 @@ impl Stats {
         m.insert("forward_dropped".into(), self.forward_dropped.into());
         m.insert("tx_waits".into(), self.tx_waits.into());
         m.insert("rx_no_room".into(), self.rx_no_room.into());
+        m.insert("rx_chained".into(), self.rx_chained.into());
         m.insert("fault_reordered".into(), self.fault_reordered.into());
         m.insert("app_rounds".into(), self.app_rounds.into());
         m.insert("uptime_s".into(), self.uptime.as_secs_f64().into());
@@ -226,6 +232,12 @@ impl AnyLink {
     fn tx_waits(&self) -> u64 {
         match self {
             AnyLink::Xdp(l) => l.stats.tx_ring_full,
+            AnyLink::Udp(_) => 0,
+        }
+    }
+    fn rx_chained(&self) -> u64 {
+        match self {
+            AnyLink::Xdp(l) => l.stats.rx_multi_buffer,
             AnyLink::Udp(_) => 0,
         }
     }
@@ -755,6 +767,11 @@ impl Recorder {
     }
 
     fn record(&self, f: &[u8], t: Time) {
+        self.record_pieces(Pieces::one(f), t);
+    }
+
+    /// Records a received frame where it lies (a chained one is joined for the capture).
+    fn record_pieces(&self, f: Pieces<'_>, t: Time) {
         if !self.tapping {
             return;
         }
@@ -767,7 +784,14 @@ impl Recorder {
                 .unwrap_or_default()
                 .saturating_sub(self.start.elapsed())
                 + Duration::from_nanos(t.0);
-            let _ = w.write(wall, f);
+            match f.contiguous() {
+                Some(b) => {
+                    let _ = w.write(wall, b);
+                }
+                None => {
+                    let _ = w.write(wall, &f.to_vec());
+                }
+            }
         }
     }
 }
@@ -813,16 +837,16 @@ impl DataPath {
                     bells.drain();
                 }
                 let engine = &mut *bells.engine;
-                rec.record(f, t);
+                rec.record_pieces(f, t);
                 if n > 1
-                    && let Some(q) = engine.foreign_qp(f)
+                    && let Some(q) = engine.foreign_qp(f.first, f.rest)
                     && let Some(owner) = set.owner(q)
                     && owner != me
                 {
                     // Another shard's QP: hand the frame over (RSS put it on our queue).
                     match set.pool.pop() {
                         Some(mut buf) if f.len() + 2 <= buf.len() => {
-                            buf[..f.len()].copy_from_slice(f);
+                            f.copy_to(&mut buf);
                             let end = buf.len();
                             buf[end - 2..].copy_from_slice(&(f.len() as u16).to_ne_bytes());
                             if set.fwd[owner].0.try_send(buf).is_ok() {
@@ -845,7 +869,7 @@ impl DataPath {
                 {
                     return;
                 }
-                engine.handle_frame(t, f);
+                engine.handle_frame_parts(t, f.first, f.rest);
             });
         }
         if let Some(fl) = self.faults.as_mut() {
@@ -898,6 +922,7 @@ impl DataPath {
             forward_dropped: self.fwd_dropped,
             tx_waits: self.link.tx_waits(),
             rx_no_room: self.link.rx_no_room(),
+            rx_chained: self.link.rx_chained(),
             fault_reordered: self.faults.as_ref().map_or(0, |f| f.reordered),
             // Caller rounds need one engine thread: the device's count is this shard's.
             app_rounds: self.l.set.rtc_work.load(Ordering::Relaxed),

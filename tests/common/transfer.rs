@@ -46,6 +46,8 @@ pub struct Stats {
     pub bytes: u64,
     pub wrs: u64,
     pub retransmitted: u64,
+    /// Frames the link delivered in two pieces, both ways.
+    pub chained: u64,
 }
 
 /// Moves `total` bytes in random operations from A to B (and back for READs).
@@ -55,6 +57,19 @@ pub fn transfer(mtu: Mtu, loss: f64, total: u64, seed: u64) -> Stats {
 
 /// As `transfer`, with messages of at most `max_len` bytes.
 pub fn transfer_with(mtu: Mtu, loss: f64, total: u64, seed: u64, max_len: usize) -> Stats {
+    transfer_opts(mtu, loss, total, seed, max_len, 0)
+}
+
+/// As `transfer_with`, the link delivering frames longer than `chain_at` bytes in two
+/// pieces cut there (0: whole), as AF_XDP chains frames larger than one UMEM buffer.
+pub fn transfer_opts(
+    mtu: Mtu,
+    loss: f64,
+    total: u64,
+    seed: u64,
+    max_len: usize,
+    chain_at: usize,
+) -> Stats {
     let start_psn = 0xff_fff0;
     // retry_cnt 7 as rxe reads it, unlimited: with 15% loss and corruption a finite count
     // can run out by chance (seed 4278158412745382306 lost the first response of one
@@ -82,10 +97,13 @@ pub fn transfer_with(mtu: Mtu, loss: f64, total: u64, seed: u64, max_len: usize)
         tweak,
         tweak,
     );
-    let link = if loss > 0.0 {
-        LinkConfig::lossy(loss)
-    } else {
-        LinkConfig::default()
+    let link = LinkConfig {
+        chain_at,
+        ..if loss > 0.0 {
+            LinkConfig::lossy(loss)
+        } else {
+            LinkConfig::default()
+        }
     };
     let mut s: Sim<Engine, Engine> = sim(a, b, link, link, seed);
     if std::env::var_os("ROCE_TAP").is_some() {
@@ -326,5 +344,6 @@ pub fn transfer_with(mtu: Mtu, loss: f64, total: u64, seed: u64, max_len: usize)
         bytes: moved,
         wrs,
         retransmitted: s.a.counters().retransmitted_pkts,
+        chained: s.link.stats(0).chained + s.link.stats(1).chained,
     }
 }

@@ -302,11 +302,13 @@ pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> R
                 let (mut at, mut sum) = (0usize, 0u32);
                 let r = super::count_arrivals(count, || {
                     Ok(link.recv(256, &mut |f| {
-                        sum ^= crc32fast::hash(f);
+                        for p in f.iter() {
+                            sum ^= crc32fast::hash(p);
+                        }
                         if at + f.len() > buf.len() {
                             at = 0;
                         }
-                        buf[at..at + f.len()].copy_from_slice(f);
+                        f.copy_to(&mut buf[at..]);
                         at += f.len();
                     }) as u64)
                 });
