@@ -249,6 +249,40 @@ proptest! {
         }
     }
 
+    /// A frame built in two pieces (a head cut anywhere, then a tail) is, joined, the
+    /// frame built whole, byte for byte, and parses in those pieces; a head too short
+    /// for the headers is an error.
+    #[test]
+    fn frames_built_in_two_pieces_are_the_whole_ones(c in arb_case(), cut in any::<proptest::sample::Index>(), id in any::<u16>()) {
+        let r = c.repr();
+        let tpl = FrameTemplate::new(&r.eth, &r.ip, &r.udp).unwrap();
+        let roce = RoceRepr { payload: &[], ..r.roce };
+        let len = c.payload.len();
+        let total = tpl.buffer_len_for(&roce, len).unwrap();
+        let mut whole = vec![0u8; total];
+        tpl.emit(&mut whole, id, &roce, len, |d| d.copy_from_slice(&c.payload)).unwrap();
+        let k = cut.index(total + 1);
+        let (mut head, mut tail) = (vec![0xaau8; k], vec![0x55u8; total]);
+        let built = tpl.emit_parts(&mut head, &mut tail, id, &roce, len, |mut p| {
+            assert_eq!(p.len(), len);
+            assert!(p.write(&c.payload));
+        });
+        let headers = tpl.header_len() + roce.header_len().unwrap();
+        match built {
+            Ok(n) => {
+                prop_assert_eq!(n, total);
+                let t = n.saturating_sub(k);
+                let mut joined = head[..k.min(n)].to_vec();
+                joined.extend_from_slice(&tail[..t]);
+                prop_assert_eq!(&joined, &whole);
+                if t > 0 && k >= headers + 7 {
+                    Frame::parse_parts(&head, &tail[..t]).unwrap().verify().unwrap();
+                }
+            }
+            Err(e) => prop_assert!(k < headers, "head {} of {}: {:?}", k, total, e),
+        }
+    }
+
     /// A bit flipped in the second piece of a chained frame (payload, pad or ICRC) is
     /// caught, as in a whole one.
     #[test]

@@ -109,6 +109,73 @@ impl<'a> Pieces<'a> {
     }
 }
 
+/// A buffer in one piece or two, `first` then `rest` (empty for one), to build a frame
+/// in where it will be sent: AF_XDP chains a frame larger than one UMEM buffer over two,
+/// and its payload is then copied once, from registered memory into both.
+#[derive(Debug)]
+pub struct PiecesMut<'a> {
+    pub first: &'a mut [u8],
+    pub rest: &'a mut [u8],
+}
+
+impl<'a> PiecesMut<'a> {
+    /// One piece.
+    #[inline]
+    pub fn one(b: &'a mut [u8]) -> PiecesMut<'a> {
+        PiecesMut {
+            first: b,
+            rest: &mut [],
+        }
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.first.len() + self.rest.len()
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.rest.is_empty()
+    }
+
+    /// Both pieces, borrowed again for a shorter time.
+    #[inline]
+    pub fn reborrow(&mut self) -> PiecesMut<'_> {
+        PiecesMut {
+            first: &mut *self.first,
+            rest: &mut *self.rest,
+        }
+    }
+
+    /// Calls `f(offset, piece)` for each non-empty piece in order (offset counted over
+    /// both), up to the first error.
+    #[inline]
+    pub fn try_each<E>(
+        &mut self,
+        mut f: impl FnMut(usize, &mut [u8]) -> core::result::Result<(), E>,
+    ) -> core::result::Result<(), E> {
+        if !self.first.is_empty() {
+            f(0, self.first)?;
+        }
+        if !self.rest.is_empty() {
+            f(self.first.len(), self.rest)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` to the start, across both pieces. False (nothing written) when they
+    /// hold fewer bytes.
+    pub fn write(&mut self, src: &[u8]) -> bool {
+        if src.len() > self.len() {
+            return false;
+        }
+        let n = src.len().min(self.first.len());
+        self.first[..n].copy_from_slice(&src[..n]);
+        self.rest[..src.len() - n].copy_from_slice(&src[n..]);
+        true
+    }
+}
+
 /// A parsed, structurally valid RoCEv2 frame.
 #[derive(Debug, Clone, Copy)]
 pub struct Frame<'a> {
@@ -655,6 +722,98 @@ impl FrameTemplate {
         }
         let buf = &mut buf[..total];
         let payload_off = bth + roce.emit_headers(&mut buf[bth..], payload_len)?;
+        self.write_lower(buf, udp_len, ip_id);
+        fill(&mut buf[payload_off..payload_off + payload_len]);
+        let icrc_off = total - icrc::LEN;
+        let crc = icrc::compute_in_place(buf, l3, l4, bth, icrc_off)?;
+        icrc::write(&mut buf[icrc_off..], crc);
+        if let Some((src, dst)) = self.v6 {
+            let c = udp::checksum_v6(src, dst, &buf[l4..])?;
+            buf[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        Ok(total)
+    }
+
+    /// [`Self::emit`] into two pieces, `head` then `tail`, as a link that chains a frame
+    /// over two buffers sends it: a frame that fits `head` goes there whole (`emit`);
+    /// a longer one continues in `tail`, and `fill` gets its payload as the two pieces
+    /// it lies in. Every header up to the payload must fit `head`.
+    pub fn emit_parts(
+        &self,
+        head: &mut [u8],
+        tail: &mut [u8],
+        ip_id: u16,
+        roce: &RoceRepr<'_>,
+        payload_len: usize,
+        fill: impl FnOnce(PiecesMut<'_>),
+    ) -> Result<usize> {
+        let (l3, l4) = (self.l3, self.l4);
+        let bth = self.header_len();
+        let roce_len = roce.buffer_len_for(payload_len)?;
+        let total = bth + roce_len;
+        let h = head.len();
+        if total <= h {
+            return self.emit(head, ip_id, roce, payload_len, |d| fill(PiecesMut::one(d)));
+        }
+        if h + tail.len() < total {
+            return Err(Error::BufferTooSmall {
+                needed: total,
+                available: h + tail.len(),
+            });
+        }
+        let udp_len = udp::LEN + roce_len;
+        if l4 - l3 + udp_len > usize::from(u16::MAX) {
+            return Err(Error::Malformed("IP length over 65535"));
+        }
+        if h < bth {
+            return Err(Error::BufferTooSmall {
+                needed: bth,
+                available: h,
+            });
+        }
+        let tail = &mut tail[..total - h];
+        let payload_off = bth + roce.emit_headers_only(&mut head[bth..], payload_len)?;
+        self.write_lower(head, udp_len, ip_id);
+        let end = payload_off + payload_len;
+        let icrc_off = total - icrc::LEN;
+        if end <= h {
+            fill(PiecesMut {
+                first: &mut head[payload_off..end],
+                rest: &mut [],
+            });
+        } else {
+            fill(PiecesMut {
+                first: &mut head[payload_off..],
+                rest: &mut tail[..end - h],
+            });
+        }
+        // Pad (zeros) and ICRC may lie on either side of the cut, or across it.
+        let byte = |head: &mut [u8], tail: &mut [u8], at: usize, v: u8| {
+            if at < h {
+                head[at] = v;
+            } else {
+                tail[at - h] = v;
+            }
+        };
+        for at in end..icrc_off {
+            byte(head, tail, at, 0);
+        }
+        let crc = icrc::compute_in_place_parts(head, tail, l3, l4, bth, icrc_off)?;
+        for (k, v) in crc.to_le_bytes().into_iter().enumerate() {
+            byte(head, tail, icrc_off + k, v);
+        }
+        if let Some((src, dst)) = self.v6 {
+            let c = udp::checksum_parts(&src, &dst, &head[l4..], tail)?;
+            head[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        Ok(total)
+    }
+
+    /// Writes the template's link, IP and UDP headers into the start of `buf`, with the
+    /// packet's lengths, IPv4 ID and header checksum.
+    fn write_lower(&self, buf: &mut [u8], udp_len: usize, ip_id: u16) {
+        let (l3, l4) = (self.l3, self.l4);
+        let bth = self.header_len();
         buf[..bth].copy_from_slice(&self.bytes[..bth]);
         buf[l4 + 4..l4 + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
         if self.v6.is_some() {
@@ -666,15 +825,6 @@ impl FrameTemplate {
             let c = !fold(u64::from(self.v4_sum) + u64::from(ip_total) + u64::from(ip_id));
             buf[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
         }
-        fill(&mut buf[payload_off..payload_off + payload_len]);
-        let icrc_off = total - icrc::LEN;
-        let crc = icrc::compute_in_place(buf, l3, l4, bth, icrc_off)?;
-        icrc::write(&mut buf[icrc_off..], crc);
-        if let Some((src, dst)) = self.v6 {
-            let c = udp::checksum_v6(src, dst, &buf[l4..])?;
-            buf[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
-        }
-        Ok(total)
     }
 }
 

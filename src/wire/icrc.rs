@@ -45,7 +45,26 @@ pub fn compute_in_place(
     bth: usize,
     icrc_off: usize,
 ) -> Result<u32> {
-    if !(l3 < l4 && l4 + 8 == bth && bth + bth::LEN <= icrc_off && icrc_off <= frame.len()) {
+    compute_in_place_parts(frame, &[], l3, l4, bth, icrc_off)
+}
+
+/// [`compute_in_place`] for a frame built in two pieces, `frame` then `rest` (a frame
+/// chained over two AF_XDP buffers), offsets counted over both. The headers up to the
+/// end of the BTH must lie in `frame`.
+pub fn compute_in_place_parts(
+    frame: &mut [u8],
+    rest: &[u8],
+    l3: usize,
+    l4: usize,
+    bth: usize,
+    icrc_off: usize,
+) -> Result<u32> {
+    if !(l3 < l4
+        && l4 + 8 == bth
+        && bth + bth::LEN <= icrc_off
+        && bth + bth::LEN <= frame.len()
+        && icrc_off <= frame.len() + rest.len())
+    {
         return Err(Error::Malformed("ICRC: inconsistent offsets"));
     }
     let v6 = match (frame[l3] >> 4, l4 - l3) {
@@ -80,7 +99,10 @@ pub fn compute_in_place(
         frame[bth + bth::ICRC_MASKED_BYTE] = 0xff;
     }
     let mut h = hasher_after_lrh();
-    h.update(&frame[l3..icrc_off]);
+    h.update(&frame[l3..icrc_off.min(frame.len())]);
+    if icrc_off > frame.len() {
+        h.update(&rest[..icrc_off - frame.len()]);
+    }
     for (s, &p) in saved.iter().zip(&pos) {
         frame[p] = *s;
     }

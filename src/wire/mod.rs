@@ -41,7 +41,7 @@ pub use atomic_eth::{Header as AtomicEthHeader, Repr as AtomicEthRepr};
 pub use bth::{Header as BthHeader, Repr as BthRepr};
 pub use deth::{Header as DethHeader, Repr as DethRepr};
 pub use eth::{EthRepr, VlanTag};
-pub use frame::{Frame, FrameRepr, FrameTemplate, IpView, Pieces};
+pub use frame::{Frame, FrameRepr, FrameTemplate, IpView, Pieces, PiecesMut};
 pub use ieth::{Header as IethHeader, Repr as IethRepr};
 pub use immdt::{Header as ImmDtHeader, Repr as ImmDtRepr};
 pub use ip::{IpRepr, Ipv4Repr, Ipv6Repr};

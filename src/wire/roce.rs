@@ -324,6 +324,42 @@ impl<'a> RoceRepr<'a> {
     /// the start of `buf`, then zeroes the pad. Returns the payload offset. The payload
     /// and the ICRC are the caller's (see [`super::frame::FrameRepr::emit_with`]).
     pub fn emit_headers(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
+        let info = self.check_emit(payload_len)?;
+        let pad = pad_for(payload_len);
+        let payload_off = bth::LEN + info.ext_len;
+        let total = payload_off + payload_len + usize::from(pad) + icrc::LEN;
+        if buf.len() < total {
+            return Err(Error::BufferTooSmall {
+                needed: total,
+                available: buf.len(),
+            });
+        }
+        let buf = &mut buf[..total];
+        self.write_headers(buf, info, pad);
+        let pad_off = payload_off + payload_len;
+        buf[pad_off..pad_off + usize::from(pad)].fill(0);
+        Ok(payload_off)
+    }
+
+    /// The headers of [`Self::emit_headers`] alone, into `buf` (which needs room for them
+    /// only): for a frame built in two pieces, whose pad may lie in the second. Returns
+    /// the payload's offset.
+    pub fn emit_headers_only(&self, buf: &mut [u8], payload_len: usize) -> Result<usize> {
+        let info = self.check_emit(payload_len)?;
+        let payload_off = bth::LEN + info.ext_len;
+        if buf.len() < payload_off {
+            return Err(Error::BufferTooSmall {
+                needed: payload_off,
+                available: buf.len(),
+            });
+        }
+        self.write_headers(&mut buf[..payload_off], info, pad_for(payload_len));
+        Ok(payload_off)
+    }
+
+    /// What emitting this packet with `payload_len` bytes of payload needs: a known
+    /// opcode, the extension headers it names, a payload it may carry.
+    fn check_emit(&self, payload_len: usize) -> Result<&'static OpcodeInfo> {
         let info = self.info()?;
         self.ext.check(info)?;
         if payload_len > MAX_PAYLOAD {
@@ -335,16 +371,12 @@ impl<'a> RoceRepr<'a> {
                 len: payload_len,
             });
         }
-        let pad = pad_for(payload_len);
-        let payload_off = bth::LEN + info.ext_len;
-        let total = payload_off + payload_len + usize::from(pad) + icrc::LEN;
-        if buf.len() < total {
-            return Err(Error::BufferTooSmall {
-                needed: total,
-                available: buf.len(),
-            });
-        }
-        let buf = &mut buf[..total];
+        Ok(info)
+    }
+
+    /// Writes the BTH (with `pad`) and the extension headers `info` names into `buf`,
+    /// which holds exactly them.
+    fn write_headers(&self, buf: &mut [u8], info: &OpcodeInfo, pad: u8) {
         let mut bth = self.bth;
         bth.pad_count = pad;
         bth.emit(&mut BthHeader::new_unchecked(&mut buf[..bth::LEN]));
@@ -390,9 +422,6 @@ impl<'a> RoceRepr<'a> {
                 HeaderKind::CnpReserved => dst.fill(0),
             }
         }
-        let pad_off = payload_off + payload_len;
-        buf[pad_off..pad_off + usize::from(pad)].fill(0);
-        Ok(payload_off)
     }
 }
 
