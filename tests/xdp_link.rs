@@ -1853,12 +1853,12 @@ fn the_tx_ring_is_kicked_once_per_batch_not_again_for_sent_frames() {
         for batch in [1usize, 32] {
             let before = link.stats.tx_kicks;
             let mut left = batch;
-            let sent = link.send(&mut |buf| {
+            let sent = link.send(&mut |mut buf| {
                 if left == 0 {
                     return None;
                 }
                 left -= 1;
-                buf[..frame.len()].copy_from_slice(&frame);
+                assert!(buf.write(&frame));
                 Some(frame.len())
             });
             assert_eq!(sent, batch);

@@ -36,7 +36,7 @@ use crate::verbs::{
     AccessFlags, AsyncEvent, Cq, DeviceConfig, DeviceLimits, Error, Memory, MrInfo, Mw, PortAttr,
     QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, RecvWr, SendWr, Srq, Wc,
 };
-use crate::wire::Frame;
+use crate::wire::{Frame, PiecesMut};
 use mem::MrTable;
 use qp::Qp;
 use std::cmp::Reverse;
@@ -826,11 +826,11 @@ impl Engine {
     /// back to `handle_frame`, as rxe loops such packets back instead of sending them
     /// (`rxe_loopback`). Only the destination MAC is compared first, so the frames that
     /// leave cost one 6-byte comparison.
-    pub fn is_loopback(&self, frame: &[u8]) -> bool {
-        if self.ctx.cfg.udp_link || frame.get(..6) != Some(&self.ctx.cfg.mac[..]) {
+    pub fn is_loopback(&self, head: &[u8], tail: &[u8]) -> bool {
+        if self.ctx.cfg.udp_link || head.get(..6) != Some(&self.ctx.cfg.mac[..]) {
             return false;
         }
-        Frame::parse(frame).is_ok_and(|f| self.ctx.cfg.owns_on(f.ip().dst(), vid_of(&f)))
+        Frame::parse_parts(head, tail).is_ok_and(|f| self.ctx.cfg.owns_on(f.ip().dst(), vid_of(&f)))
     }
 
     /// The destination QP of a RoCEv2 frame that is not one of this engine's QPs (the
@@ -1205,20 +1205,38 @@ impl Engine {
     /// Writes the next frame to send into `buf` (at least 9018 bytes is always enough);
     /// its length, or `None` when nothing is ready.
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
+        self.poll_transmit_parts(now, buf, &mut [])
+    }
+
+    /// [`Self::poll_transmit`] into two pieces, `head` then `tail`, as a link that chains
+    /// a frame over two buffers sends it: a frame longer than `head` continues in `tail`,
+    /// its payload copied straight from registered memory into both. `head` must hold
+    /// every frame without payload (a few hundred bytes: CM MADs, ACKs) and the headers
+    /// of the rest.
+    pub fn poll_transmit_parts(
+        &mut self,
+        now: Time,
+        head: &mut [u8],
+        tail: &mut [u8],
+    ) -> Option<usize> {
         self.now = self.now.max(now);
         if self.cm.wants_transmit()
-            && let Some(n) = self.cm.poll_transmit(&mut self.ctx, buf)
+            && let Some(n) = self.cm.poll_transmit(&mut self.ctx, head)
         {
             return Some(n);
         }
+        let mut buf = PiecesMut {
+            first: head,
+            rest: tail,
+        };
         while let Some(qpn) = self.ready.pop_front() {
             let Some(qp) = self.qps.get_mut(&qpn) else {
                 continue;
             };
             qp.in_ready = false;
             let n = qp
-                .next_response(&mut self.ctx, buf)
-                .or_else(|| qp.next_request(&mut self.ctx, now, buf));
+                .next_response(&mut self.ctx, &mut buf)
+                .or_else(|| qp.next_request(&mut self.ctx, now, &mut buf));
             if n.is_some() && qp.wants_tx(now) {
                 qp.in_ready = true;
                 let run = if self.burst.0 == qpn { self.burst.1 } else { 0 } + 1;
@@ -1364,6 +1382,14 @@ impl Node for Engine {
     }
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
         Engine::poll_transmit(self, now, buf)
+    }
+    fn poll_transmit_parts(
+        &mut self,
+        now: Time,
+        head: &mut [u8],
+        tail: &mut [u8],
+    ) -> Option<usize> {
+        Engine::poll_transmit_parts(self, now, head, tail)
     }
     fn poll_timeout(&self) -> Option<Time> {
         Engine::poll_timeout(self)

@@ -10,7 +10,7 @@ use crate::verbs::{
     AddressVector, AsyncEvent, Error, QpAttr, QpAttrMask as M, QpCap, QpState, QpType, Wc, WcStatus,
 };
 use crate::wire::ip::{Ipv4Repr, Ipv6Repr};
-use crate::wire::{BthRepr, EthRepr, ExtRepr, FrameTemplate, IpRepr, RoceRepr, UdpRepr};
+use crate::wire::{BthRepr, EthRepr, ExtRepr, FrameTemplate, IpRepr, PiecesMut, RoceRepr, UdpRepr};
 use std::net::IpAddr;
 
 /// The resolved route of a connected QP (or the last UD destination): the prepared
@@ -189,15 +189,16 @@ impl Qp {
     }
 
     /// Writes a packet of this QP: the path's headers, `bth` and `ext`, and `payload_len`
-    /// bytes that `fill` writes in place. `None` if the QP has no path or `buf` is small.
+    /// bytes that `fill` writes in place (in the one or two pieces of `buf` they lie in).
+    /// `None` if the QP has no path or `buf` is small.
     pub fn emit(
         &self,
         counters: &mut Counters,
-        buf: &mut [u8],
+        buf: &mut PiecesMut<'_>,
         bth: BthRepr,
         ext: ExtRepr,
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: impl FnOnce(PiecesMut<'_>),
     ) -> Option<usize> {
         self.try_emit(counters, buf, bth, ext, payload_len, |d| {
             fill(d);
@@ -214,11 +215,11 @@ impl Qp {
     pub fn try_emit<E>(
         &self,
         counters: &mut Counters,
-        buf: &mut [u8],
+        buf: &mut PiecesMut<'_>,
         bth: BthRepr,
         ext: ExtRepr,
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+        fill: impl FnOnce(PiecesMut<'_>) -> Result<(), E>,
     ) -> Option<Result<usize, E>> {
         let path = self.path.as_ref()?;
         let roce = RoceRepr {
@@ -228,10 +229,14 @@ impl Qp {
         };
         let id = Ctx::next_ip_id();
         let mut filled = Ok(());
-        match path
-            .tpl
-            .emit(buf, id, &roce, payload_len, |d| filled = fill(d))
-        {
+        match path.tpl.emit_parts(
+            &mut *buf.first,
+            &mut *buf.rest,
+            id,
+            &roce,
+            payload_len,
+            |d| filled = fill(d),
+        ) {
             Ok(n) => Some(filled.map(|()| {
                 counters.sent_pkts += 1;
                 n

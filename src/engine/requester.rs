@@ -15,6 +15,7 @@ use crate::verbs::wr::InlineData;
 use crate::verbs::{
     MwBind, QpAttr, QpState, QpType, SendFlags, SendWr, UdDest, Wc, WcFlags, WcStatus, WrOpcode,
 };
+use crate::wire::PiecesMut;
 use crate::wire::{
     AtomicEthRepr, BthRepr, DethRepr, ExtRepr, IethRepr, ImmDtRepr, Opcode, Operation, Position,
     Psn, RethRepr, Transport,
@@ -224,9 +225,15 @@ impl SendWqe {
         }
     }
 
+    /// Copies message bytes `off..off + dst.len()` into `dst`, piece by piece (a frame
+    /// chained over two buffers has its payload in both).
+    fn gather(&self, mrs: &MrTable, off: u64, dst: &mut PiecesMut<'_>) -> Result<(), AccessError> {
+        dst.try_each(|at, p| self.gather_one(mrs, off + at as u64, p))
+    }
+
     /// Copies message bytes `off..off + dst.len()` into `dst`. Nothing to copy (a packet
     /// without payload, wherever `off` is) is no access and cannot fail.
-    fn gather(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+    fn gather_one(&self, mrs: &MrTable, off: u64, dst: &mut [u8]) -> Result<(), AccessError> {
         if dst.is_empty() {
             return Ok(());
         }
@@ -722,7 +729,7 @@ impl Qp {
         &mut self,
         ctx: &mut Ctx,
         now: Time,
-        buf: &mut [u8],
+        buf: &mut PiecesMut<'_>,
     ) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return None;
@@ -843,7 +850,7 @@ impl Qp {
         &mut self,
         ctx: &mut Ctx,
         now: Time,
-        buf: &mut [u8],
+        buf: &mut PiecesMut<'_>,
         idx: usize,
         psn: Psn,
         mtu: u32,
@@ -948,7 +955,8 @@ impl Qp {
             self.try_emit(&mut ctx.counters, buf, bth, ext, payload_len, |dst| {
                 // Checks the regions as it reads them: one that is gone fails the WR
                 // with LOC_PROT_ERR (as rxe's requester does when its copy fails).
-                w.gather(mrs, off, dst)?;
+                let mut dst = dst;
+                w.gather(mrs, off, &mut dst)?;
                 // The first packet warms the next PREFETCH_PKTS (a message of a few
                 // packets gets them all; one of a single packet needs none); later ones
                 // keep the window that far ahead. One without payload (a READ request)
@@ -1022,7 +1030,13 @@ impl Qp {
         Some(n)
     }
 
-    fn send_ud(&mut self, ctx: &mut Ctx, now: Time, buf: &mut [u8], idx: usize) -> Option<usize> {
+    fn send_ud(
+        &mut self,
+        ctx: &mut Ctx,
+        now: Time,
+        buf: &mut PiecesMut<'_>,
+        idx: usize,
+    ) -> Option<usize> {
         let w = &self.req.sq[idx];
         let Some(dest) = w.ud() else {
             self.fail_wqe(ctx, now, idx, WcStatus::LocQpOpErr);
@@ -1075,8 +1089,8 @@ impl Qp {
         let len = w.length as usize;
         let w = &self.req.sq[idx];
         let mrs = &ctx.mrs;
-        let built = self.try_emit(&mut ctx.counters, buf, bth, ext, len, |dst| {
-            w.gather(mrs, 0, dst)
+        let built = self.try_emit(&mut ctx.counters, buf, bth, ext, len, |mut dst| {
+            w.gather(mrs, 0, &mut dst)
         })?;
         let Ok(n) = built else {
             self.fail_wqe(ctx, now, idx, WcStatus::LocProtErr);

@@ -20,6 +20,7 @@ use crate::verbs::mr::MrInner;
 use crate::verbs::{
     AccessFlags, AsyncEvent, QpState, QpType, RecvWr, Wc, WcFlags, WcOpcode, WcStatus,
 };
+use crate::wire::PiecesMut;
 use crate::wire::aeth::{NakCode, Syndrome};
 use crate::wire::frame::IpView;
 use crate::wire::{
@@ -910,7 +911,11 @@ impl Qp {
     }
 
     /// Writes the next queued response into `buf`.
-    pub(crate) fn next_response(&mut self, ctx: &mut Ctx, buf: &mut [u8]) -> Option<usize> {
+    pub(crate) fn next_response(
+        &mut self,
+        ctx: &mut Ctx,
+        buf: &mut PiecesMut<'_>,
+    ) -> Option<usize> {
         let mtu = u64::from(self.mtu(ctx));
         let msn = self.resp.msn;
         let dest = self.attr.dest_qp_num;
@@ -989,7 +994,8 @@ impl Qp {
                 let sent = self.emit(&mut ctx.counters, buf, bth(opcode, psn), ext, n, |dst| {
                     if let Some(m) = &mr {
                         // Cannot fail: the range was checked against the region.
-                        let _ = m.memory().read(off, dst);
+                        let mut dst = dst;
+                        let _ = dst.try_each(|at, p| m.memory().read(off + at, p));
                         // Within what the READ asked for: the first response warms the
                         // next PREFETCH_PKTS, later ones keep the window that far ahead.
                         let ahead = super::PREFETCH_PKTS * mtu;

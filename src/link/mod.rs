@@ -9,7 +9,7 @@ pub mod udp;
 pub mod xdp;
 
 use crate::time::Time;
-use crate::wire::Pieces;
+use crate::wire::{Pieces, PiecesMut};
 
 /// Something that sends and receives frames: the sans-IO engine's I/O surface
 /// (quinn-proto's `handle_*` / `poll_*` split).
@@ -34,6 +34,18 @@ pub trait Node {
     fn handle_timeout(&mut self, now: Time);
     /// Writes the next frame to send into `buf`; its length, or `None` if nothing waits.
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize>;
+    /// Writes the next frame to send into `head`, continuing in `tail` if it is longer
+    /// (a link that chains a large frame over buffers). Nodes that build frames only
+    /// whole write into `head`, which must then be large enough.
+    fn poll_transmit_parts(
+        &mut self,
+        now: Time,
+        head: &mut [u8],
+        tail: &mut [u8],
+    ) -> Option<usize> {
+        let _ = tail;
+        self.poll_transmit(now, head)
+    }
     /// When `handle_timeout` must next be called, if ever.
     fn poll_timeout(&self) -> Option<Time>;
 }
@@ -46,8 +58,10 @@ pub trait FrameLink: Send {
     /// many.
     fn recv(&mut self, max: usize, f: &mut dyn FnMut(Pieces<'_>)) -> usize;
     /// Sends frames that `fill` writes into the buffer it is given (returning the length,
-    /// or `None` when there is nothing more to send), as many as the rings take.
-    fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize;
+    /// or `None` when there is nothing more to send), as many as the rings take. The
+    /// buffer is one piece, or two when the link chains a frame over buffers: a frame
+    /// longer than the first (AF_XDP multi-buffer: 3840 bytes) continues in the second.
+    fn send(&mut self, fill: &mut dyn FnMut(PiecesMut<'_>) -> Option<usize>) -> usize;
     /// Pushes out anything queued and reaps transmit completions.
     fn flush(&mut self);
     /// File descriptors that become readable when frames arrive (for idle sleeps).

@@ -35,9 +35,9 @@ pub struct LinkConfig {
     pub reorder_delay_ns: u64,
     /// Probability one bit of a frame is flipped.
     pub corrupt: f64,
-    /// Frames longer than this many bytes arrive in two pieces split here, as AF_XDP
-    /// chains a frame larger than one UMEM buffer (`Node::handle_frame_parts`); 0 keeps
-    /// every frame whole.
+    /// Frames longer than this many bytes are built by the sender in two pieces cut here
+    /// (`Node::poll_transmit_parts`) and arrive in two (`Node::handle_frame_parts`), as
+    /// AF_XDP chains a frame larger than one UMEM buffer; 0 keeps every frame whole.
     pub chain_at: usize,
 }
 
@@ -403,18 +403,31 @@ impl<A: Node, B: Node> Sim<A, B> {
         }
     }
 
-    /// Moves every frame the nodes want to send onto the link.
+    /// Moves every frame the nodes want to send onto the link. A direction that chains
+    /// frames (`chain_at`) has its sender build them in two pieces cut there too.
     fn transmit(&mut self) {
         let now = self.now;
+        let cut = [
+            self.link.dirs[0].cfg.chain_at,
+            self.link.dirs[1].cfg.chain_at,
+        ];
+        fn poll<N: Node>(n: &mut N, now: Time, b: &mut [u8], cut: usize) -> Option<usize> {
+            if cut > 0 && cut < b.len() {
+                let (head, tail) = b.split_at_mut(cut);
+                n.poll_transmit_parts(now, head, tail)
+            } else {
+                n.poll_transmit(now, b)
+            }
+        }
         while self
             .link
-            .send_with(0, now, |b| self.a.poll_transmit(now, b))
+            .send_with(0, now, |b| poll(&mut self.a, now, b, cut[0]))
         {
             self.transmitted[0] += 1;
         }
         while self
             .link
-            .send_with(1, now, |b| self.b.poll_transmit(now, b))
+            .send_with(1, now, |b| poll(&mut self.b, now, b, cut[1]))
         {
             self.transmitted[1] += 1;
         }

@@ -22,7 +22,7 @@
 use super::FrameLink;
 use crate::wire::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::wire::ip::{Ipv4Repr, Ipv6Repr};
-use crate::wire::{EthRepr, Frame, IpRepr, Pieces, ROCE_V2_PORT};
+use crate::wire::{EthRepr, Frame, IpRepr, Pieces, PiecesMut, ROCE_V2_PORT};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
@@ -225,7 +225,7 @@ impl FrameLink for UdpLink {
         delivered
     }
 
-    fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+    fn send(&mut self, fill: &mut dyn FnMut(PiecesMut<'_>) -> Option<usize>) -> usize {
         // SAFETY: plain-data C structs, initialised below before use.
         let mut addrs: [libc::sockaddr_in6; BATCH] = unsafe { zeroed() };
         // SAFETY: as above.
@@ -234,7 +234,7 @@ impl FrameLink for UdpLink {
         let mut msgs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
         let mut n = 0;
         while n < BATCH {
-            let Some(len) = fill(&mut self.frame) else {
+            let Some(len) = fill(PiecesMut::one(&mut self.frame)) else {
                 break;
             };
             let Ok(fr) = Frame::parse(&self.frame[..len]) else {

@@ -10,13 +10,14 @@
 //! over several buffers (`XDP_USE_SG`, `XDP_PKT_CONTD`). On receive, its first buffer
 //! stays where it is and the engine takes the frame in two pieces, that buffer and the
 //! rest (the later buffers, gathered: one buffer at IB MTU 4096), so its payload too is
-//! copied once into registered memory. On transmit, it is built in a scratch buffer and
-//! copied into the buffers it needs: one extra copy.
+//! copied once into registered memory. On transmit, the engine builds it in its first
+//! buffer, continuing in a scratch buffer whose bytes (the last few hundred at IB MTU
+//! 4096) are copied into the buffers that follow.
 
 use super::FrameLink;
 use super::bpf::XdpProgram;
 use crate::host::Interface;
-use crate::wire::Pieces;
+use crate::wire::{Pieces, PiecesMut};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::os::fd::{AsRawFd, RawFd};
@@ -497,7 +498,7 @@ impl FrameLink for XdpLink {
         total
     }
 
-    fn send(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+    fn send(&mut self, fill: &mut dyn FnMut(PiecesMut<'_>) -> Option<usize>) -> usize {
         let nq = self.queues.len();
         if nq == 0 {
             return 0;
@@ -506,6 +507,7 @@ impl FrameLink for XdpLink {
         self.next_tx_queue = self.next_tx_queue.wrapping_add(1);
         let frame_mtu = self.frame_mtu;
         let batch = self.batch;
+        let scratch = &mut self.scratch;
         let q = &mut self.queues[qi];
         Self::reap_completions(q);
         let multi = self.frags;
@@ -521,14 +523,35 @@ impl FrameLink for XdpLink {
                 self.stats.tx_ring_full += 1;
                 break;
             }
-            if multi {
-                // Frames may be larger than one UMEM frame: build in the scratch buffer,
-                // then chain as many buffers as the frame needs.
-                let Some(n) = fill(&mut self.scratch) else {
-                    break;
-                };
-                let chunks = n.div_ceil(frame_mtu).max(1);
-                for (k, chunk) in self.scratch[..n].chunks(frame_mtu).enumerate() {
+            let mut d = q.free_tx.pop().unwrap_or_else(|| unreachable!());
+            // Built in place: the payload is copied once, from registered memory. A frame
+            // longer than one buffer (multi-buffer) continues in the scratch buffer, whose
+            // bytes (a few hundred at IB MTU 4096) are then copied into the buffers it
+            // is chained over.
+            // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
+            let n = unsafe {
+                let mut data = q.umem.data_mut(&mut d);
+                let mut cur = data.cursor();
+                let cap = cur.buf_len();
+                cur.set_pos(cap);
+                let rest: &mut [u8] = if multi { &mut scratch[..] } else { &mut [] };
+                fill(PiecesMut {
+                    first: data.contents_mut(),
+                    rest,
+                })
+            };
+            let Some(n) = n else {
+                q.free_tx.push(d);
+                break;
+            };
+            let first = n.min(frame_mtu);
+            // SAFETY: as above.
+            unsafe { q.umem.data_mut(&mut d).cursor().set_pos(first) };
+            d.set_options(if n > first { 1 } else { 0 });
+            q.pending_tx.push(d);
+            if n > first {
+                let chunks = (n - first).div_ceil(frame_mtu);
+                for (k, chunk) in scratch[..n - first].chunks(frame_mtu).enumerate() {
                     let mut d = q.free_tx.pop().unwrap_or_else(|| unreachable!());
                     // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
                     unsafe {
@@ -541,28 +564,7 @@ impl FrameLink for XdpLink {
                     d.set_options(if k + 1 < chunks { 1 } else { 0 });
                     q.pending_tx.push(d);
                 }
-                if chunks > 1 {
-                    self.stats.tx_multi_buffer += 1;
-                }
-            } else {
-                let mut d = q.free_tx.pop().unwrap_or_else(|| unreachable!());
-                // Built in place: the payload is copied once, from registered memory.
-                // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
-                let n = unsafe {
-                    let mut data = q.umem.data_mut(&mut d);
-                    let mut cur = data.cursor();
-                    let cap = cur.buf_len();
-                    cur.set_pos(cap);
-                    fill(data.contents_mut())
-                };
-                let Some(n) = n else {
-                    q.free_tx.push(d);
-                    break;
-                };
-                // SAFETY: as above.
-                unsafe { q.umem.data_mut(&mut d).cursor().set_pos(n) };
-                d.set_options(0);
-                q.pending_tx.push(d);
+                self.stats.tx_multi_buffer += 1;
             }
             sent += 1;
         }

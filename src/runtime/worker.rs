@@ -23,7 +23,7 @@ use crate::link::FrameLink;
 use crate::link::bpf::XdpStats;
 use crate::time::Time;
 use crate::verbs::{AsyncEvent, DeviceConfig, Mtu, QpAttr, QpAttrMask, QpState, RecvWr, SendWr};
-use crate::wire::Pieces;
+use crate::wire::{Pieces, PiecesMut};
 use crossbeam::channel::{Receiver, Sender, TryRecvError};
 use crossbeam::queue::ArrayQueue;
 use std::collections::HashMap;
@@ -766,12 +766,8 @@ impl Recorder {
         Time(self.start.elapsed().as_nanos() as u64)
     }
 
-    fn record(&self, f: &[u8], t: Time) {
-        self.record_pieces(Pieces::one(f), t);
-    }
-
-    /// Records a received frame where it lies (a chained one is joined for the capture).
-    fn record_pieces(&self, f: Pieces<'_>, t: Time) {
+    /// Records a frame where it lies (a chained one is joined for the capture).
+    fn record(&self, f: Pieces<'_>, t: Time) {
         if !self.tapping {
             return;
         }
@@ -837,7 +833,7 @@ impl DataPath {
                     bells.drain();
                 }
                 let engine = &mut *bells.engine;
-                rec.record_pieces(f, t);
+                rec.record(f, t);
                 if n > 1
                     && let Some(q) = engine.foreign_qp(f.first, f.rest)
                     && let Some(owner) = set.owner(q)
@@ -886,14 +882,23 @@ impl DataPath {
             let engine = &mut self.l.engine;
             let rec = &self.rec;
             let mut looped = 0usize;
-            work += self.link.get().send(&mut |buf| {
+            work += self.link.get().send(&mut |buf: PiecesMut<'_>| {
+                let PiecesMut { first, rest } = buf;
                 loop {
-                    let k = engine.poll_transmit(t, buf)?;
-                    rec.record(&buf[..k], t);
-                    if !engine.is_loopback(&buf[..k]) {
+                    let k = engine.poll_transmit_parts(t, first, rest)?;
+                    let f = if k <= first.len() {
+                        Pieces::one(&first[..k])
+                    } else {
+                        Pieces {
+                            first,
+                            rest: &rest[..k - first.len()],
+                        }
+                    };
+                    rec.record(f, t);
+                    if !engine.is_loopback(f.first, f.rest) {
                         return Some(k);
                     }
-                    engine.handle_frame(t, &buf[..k]);
+                    engine.handle_frame_parts(t, f.first, f.rest);
                     looped += 1;
                     if looped >= LOOPBACK_BATCH {
                         return None;

@@ -454,10 +454,9 @@ fn raw_pingpong(
     };
     let send = |link: &mut XdpLink, f: &[u8]| {
         let mut once = Some(f);
-        link.send(&mut |buf: &mut [u8]| {
+        link.send(&mut |mut buf| {
             let f = once.take()?;
-            buf[..f.len()].copy_from_slice(f);
-            Some(f.len())
+            buf.write(f).then_some(f.len())
         });
         link.flush();
     };

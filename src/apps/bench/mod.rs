@@ -323,12 +323,14 @@ pub(crate) fn send_frames(link: &mut XdpLink, count: u64, frames: &[Vec<u8>]) ->
     let start = Instant::now();
     let mut sent = 0u64;
     while sent < count && start.elapsed() < Duration::from_secs(60) && !frames.is_empty() {
-        let n = link.send(&mut |buf: &mut [u8]| {
+        let n = link.send(&mut |mut buf| {
             if sent >= count {
                 return None;
             }
             let f = &frames[(sent % frames.len() as u64) as usize];
-            buf[..f.len()].copy_from_slice(f);
+            if !buf.write(f) {
+                return None;
+            }
             sent += 1;
             Some(f.len())
         });
