@@ -263,9 +263,11 @@ proptest! {
         tpl.emit(&mut whole, id, &roce, len, |d| d.copy_from_slice(&c.payload)).unwrap();
         let k = cut.index(total + 1);
         let (mut head, mut tail) = (vec![0xaau8; k], vec![0x55u8; total]);
-        let built = tpl.emit_parts(&mut head, &mut tail, id, &roce, len, |mut p| {
+        let built = tpl.start(&mut head, &tail, id, &roce, len).and_then(|l| {
+            let mut p = l.payload(&mut head, &mut tail);
             assert_eq!(p.len(), len);
             assert!(p.write(&c.payload));
+            tpl.finish(&l, &mut head, &mut tail)
         });
         let headers = tpl.header_len() + roce.header_len().unwrap();
         match built {

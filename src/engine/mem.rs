@@ -558,6 +558,9 @@ impl Segs {
         mut off: u64,
         p: Pieces<'_>,
     ) -> Result<(), AccessError> {
+        if p.rest.is_empty() {
+            return self.scatter(mrs, off, p.first);
+        }
         for piece in p.iter() {
             self.scatter(mrs, off, piece)?;
             off += piece.len() as u64;

@@ -1094,16 +1094,34 @@ impl Engine {
     /// the packet's addresses. Then requests go to the responder, responses to the
     /// completer. Every drop is counted by reason.
     pub fn handle_frame(&mut self, now: Time, frame: &[u8]) {
-        self.handle_frame_parts(now, frame, &[]);
+        self.handle_parsed(now, Frame::parse(frame));
     }
 
     /// [`Self::handle_frame`] for a frame that arrived in two pieces, `head` then `tail`
     /// (AF_XDP chains a frame larger than one UMEM buffer). It is checked and its payload
     /// placed where it lies, so the payload is copied once, buffers to registered memory.
+    #[inline(always)]
     pub fn handle_frame_parts(&mut self, now: Time, head: &[u8], tail: &[u8]) {
+        if tail.is_empty() {
+            // The common case keeps the whole-frame parser, which knows there is no tail.
+            self.handle_frame(now, head);
+        } else {
+            self.handle_chained(now, head, tail);
+        }
+    }
+
+    #[inline(never)]
+    fn handle_chained(&mut self, now: Time, head: &[u8], tail: &[u8]) {
+        self.handle_parsed(now, Frame::parse_parts(head, tail));
+    }
+
+    /// The receive path after parsing (inlined into both entries, so that a frame in
+    /// one piece pays nothing for the other kind).
+    #[inline(always)]
+    fn handle_parsed(&mut self, now: Time, parsed: crate::wire::Result<Frame<'_>>) {
         self.now = self.now.max(now);
         let c = &mut self.ctx.counters;
-        let f = match Frame::parse_parts(head, tail) {
+        let f = match parsed {
             Ok(f) => f,
             Err(e) => {
                 if e.is_not_roce() {
@@ -1204,6 +1222,7 @@ impl Engine {
 
     /// Writes the next frame to send into `buf` (at least 9018 bytes is always enough);
     /// its length, or `None` when nothing is ready.
+    #[inline]
     pub fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
         self.poll_transmit_parts(now, buf, &mut [])
     }
@@ -1381,7 +1400,7 @@ impl Node for Engine {
         Engine::handle_timeout(self, now)
     }
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<usize> {
-        Engine::poll_transmit(self, now, buf)
+        Engine::poll_transmit_parts(self, now, buf, &mut [])
     }
     fn poll_transmit_parts(
         &mut self,

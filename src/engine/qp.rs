@@ -228,19 +228,19 @@ impl Qp {
             payload: &[],
         };
         let id = Ctx::next_ip_id();
-        let mut filled = Ok(());
-        match path.tpl.emit_parts(
-            &mut *buf.first,
-            &mut *buf.rest,
-            id,
-            &roce,
-            payload_len,
-            |d| filled = fill(d),
-        ) {
-            Ok(n) => Some(filled.map(|()| {
+        let (head, tail) = (&mut *buf.first, &mut *buf.rest);
+        let Ok(l) = path.tpl.start(head, tail, id, &roce, payload_len) else {
+            counters.send_err += 1;
+            return None;
+        };
+        if let Err(e) = fill(l.payload(head, tail)) {
+            return Some(Err(e));
+        }
+        match path.tpl.finish(&l, head, tail) {
+            Ok(n) => {
                 counters.sent_pkts += 1;
-                n
-            })),
+                Some(Ok(n))
+            }
             Err(_) => {
                 counters.send_err += 1;
                 None

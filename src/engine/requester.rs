@@ -227,8 +227,13 @@ impl SendWqe {
 
     /// Copies message bytes `off..off + dst.len()` into `dst`, piece by piece (a frame
     /// chained over two buffers has its payload in both).
+    #[inline(always)]
     fn gather(&self, mrs: &MrTable, off: u64, dst: &mut PiecesMut<'_>) -> Result<(), AccessError> {
-        dst.try_each(|at, p| self.gather_one(mrs, off + at as u64, p))
+        self.gather_one(mrs, off, dst.first)?;
+        if dst.rest.is_empty() {
+            return Ok(());
+        }
+        self.gather_one(mrs, off + dst.first.len() as u64, dst.rest)
     }
 
     /// Copies message bytes `off..off + dst.len()` into `dst`. Nothing to copy (a packet

@@ -994,8 +994,10 @@ impl Qp {
                 let sent = self.emit(&mut ctx.counters, buf, bth(opcode, psn), ext, n, |dst| {
                     if let Some(m) = &mr {
                         // Cannot fail: the range was checked against the region.
-                        let mut dst = dst;
-                        let _ = dst.try_each(|at, p| m.memory().read(off + at, p));
+                        let _ = m.memory().read(off, dst.first);
+                        if !dst.rest.is_empty() {
+                            let _ = m.memory().read(off + dst.first.len(), dst.rest);
+                        }
                         // Within what the READ asked for: the first response warms the
                         // next PREFETCH_PKTS, later ones keep the window that far ahead.
                         let ahead = super::PREFETCH_PKTS * mtu;

@@ -138,31 +138,6 @@ impl<'a> PiecesMut<'a> {
         self.first.is_empty() && self.rest.is_empty()
     }
 
-    /// Both pieces, borrowed again for a shorter time.
-    #[inline]
-    pub fn reborrow(&mut self) -> PiecesMut<'_> {
-        PiecesMut {
-            first: &mut *self.first,
-            rest: &mut *self.rest,
-        }
-    }
-
-    /// Calls `f(offset, piece)` for each non-empty piece in order (offset counted over
-    /// both), up to the first error.
-    #[inline]
-    pub fn try_each<E>(
-        &mut self,
-        mut f: impl FnMut(usize, &mut [u8]) -> core::result::Result<(), E>,
-    ) -> core::result::Result<(), E> {
-        if !self.first.is_empty() {
-            f(0, self.first)?;
-        }
-        if !self.rest.is_empty() {
-            f(self.first.len(), self.rest)?;
-        }
-        Ok(())
-    }
-
     /// Copies `src` to the start, across both pieces. False (nothing written) when they
     /// hold fewer bytes.
     pub fn write(&mut self, src: &[u8]) -> bool {
@@ -379,10 +354,19 @@ impl<'a> Frame<'a> {
     /// frame's two. What the engine copies into registered memory.
     #[inline]
     pub fn payload(&self) -> Pieces<'a> {
+        if !self.tail.is_empty() {
+            return self.payload_chained();
+        }
         let head: &'a [u8] = &self.bytes[self.l4 + udp::LEN..];
         let off = self.roce.payload_offset();
-        let end =
-            head.len() + self.tail.len() - usize::from(self.roce.bth().pad_count()) - icrc::LEN;
+        Pieces::one(&head[off..off + self.roce.payload_len()])
+    }
+
+    #[inline(never)]
+    fn payload_chained(&self) -> Pieces<'a> {
+        let head: &'a [u8] = &self.bytes[self.l4 + udp::LEN..];
+        let off = self.roce.payload_offset();
+        let end = head.len() + self.tail.len() - self.pad_and_icrc();
         if end <= head.len() {
             Pieces {
                 first: &head[off..end],
@@ -399,10 +383,14 @@ impl<'a> Frame<'a> {
     /// The payload's length, pad excluded.
     #[inline]
     pub fn payload_len(&self) -> usize {
-        self.roce_len()
-            - self.roce.payload_offset()
-            - usize::from(self.roce.bth().pad_count())
-            - icrc::LEN
+        if self.tail.is_empty() {
+            return self.roce.payload_len();
+        }
+        self.roce_len() - self.roce.payload_offset() - self.pad_and_icrc()
+    }
+
+    fn pad_and_icrc(&self) -> usize {
+        usize::from(self.roce.bth().pad_count()) + icrc::LEN
     }
 
     /// The ICRC as the frame carries it (its last 4 bytes, which a chained frame may split).
@@ -470,22 +458,30 @@ impl<'a> Frame<'a> {
     }
 
     /// The ICRC this frame should carry.
+    #[inline]
     pub fn computed_icrc(&self) -> u32 {
+        if !self.tail.is_empty() {
+            return self.computed_icrc_chained();
+        }
         // Cannot fail: the IP, UDP and BTH lengths were checked by `parse`.
-        let r = if self.tail.is_empty() {
-            icrc::compute(self.ip.bytes(), self.udp_header(), self.roce.without_icrc())
+        icrc::compute(self.ip.bytes(), self.udp_header(), self.roce.without_icrc())
+            .unwrap_or(!self.roce.icrc())
+    }
+
+    /// [`Self::computed_icrc`] of a chained frame, kept out of the common path.
+    #[inline(never)]
+    fn computed_icrc_chained(&self) -> u32 {
+        // The ICRC's 4 bytes leave the end of the tail, or all of it and some of the head.
+        let head = self.roce.as_bytes();
+        let end = head.len() + self.tail.len() - icrc::LEN;
+        let (a, b) = if end <= head.len() {
+            (&head[..end], &[][..])
         } else {
-            // The ICRC's 4 bytes leave the end of the tail, or all of it and some of the head.
-            let head = self.roce.as_bytes();
-            let end = head.len() + self.tail.len() - icrc::LEN;
-            let (a, b) = if end <= head.len() {
-                (&head[..end], &[][..])
-            } else {
-                (head, &self.tail[..end - head.len()])
-            };
-            icrc::compute_parts(self.ip.bytes(), self.udp_header(), a, b)
+            (head, &self.tail[..end - head.len()])
         };
-        r.unwrap_or(!self.icrc())
+        icrc::compute(self.ip.bytes(), self.udp_header(), a)
+            .map(|c| icrc::extend(c, b))
+            .unwrap_or(!self.icrc())
     }
 
     /// Checks the ICRC.
@@ -635,6 +631,44 @@ impl<'a> FrameRepr<'a> {
     }
 }
 
+/// Where the parts of a frame [`FrameTemplate::start`] began lie, counted over its one
+/// or two pieces.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    total: usize,
+    payload_off: usize,
+    payload_len: usize,
+}
+
+impl Layout {
+    /// The frame's length.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Never: a frame has headers.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Where the payload goes: in `head`, or from `head` on into `tail`.
+    #[inline(always)]
+    pub fn payload<'b>(&self, head: &'b mut [u8], tail: &'b mut [u8]) -> PiecesMut<'b> {
+        let end = self.payload_off + self.payload_len;
+        if end <= head.len() {
+            PiecesMut::one(&mut head[self.payload_off..end])
+        } else {
+            let h = head.len();
+            PiecesMut {
+                first: &mut head[self.payload_off..],
+                rest: &mut tail[..end - h],
+            }
+        }
+    }
+}
+
 /// The Ethernet, IP and UDP headers of a flow, written once by `etherparse` and then
 /// copied in front of each packet with only the lengths, the IPv4 ID and checksum
 /// patched: how a QP builds frames on its hot path.
@@ -698,6 +732,7 @@ impl FrameTemplate {
     /// Writes a whole frame into `buf`: these headers (IPv4 ID `ip_id`), then `roce`'s
     /// headers, the payload `fill` writes in place, zero pad, ICRC, and over IPv6 the UDP
     /// checksum (it covers the ICRC, so it comes last). Returns the frame length.
+    #[inline(always)]
     pub fn emit(
         &self,
         buf: &mut [u8],
@@ -706,88 +741,81 @@ impl FrameTemplate {
         payload_len: usize,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<usize> {
+        let l = self.start(buf, &[], ip_id, roce, payload_len)?;
+        fill(l.payload(buf, &mut []).first);
+        self.finish(&l, buf, &mut [])
+    }
+
+    /// The first half of [`Self::emit`] for a frame that may continue from `head` into
+    /// `tail` (a link that chains a frame over two buffers): checks the sizes and writes
+    /// every header, which must fit `head`. The caller then writes the payload where
+    /// [`Layout::payload`] puts it, and [`Self::finish`] completes the frame.
+    #[inline(always)]
+    pub fn start(
+        &self,
+        head: &mut [u8],
+        tail: &[u8],
+        ip_id: u16,
+        roce: &RoceRepr<'_>,
+        payload_len: usize,
+    ) -> Result<Layout> {
         let (l3, l4) = (self.l3, self.l4);
         let bth = self.header_len();
         let roce_len = roce.buffer_len_for(payload_len)?;
         let total = bth + roce_len;
-        if buf.len() < total {
+        if head.len() + tail.len() < total {
             return Err(Error::BufferTooSmall {
                 needed: total,
-                available: buf.len(),
+                available: head.len() + tail.len(),
             });
         }
         let udp_len = udp::LEN + roce_len;
         if l4 - l3 + udp_len > usize::from(u16::MAX) {
             return Err(Error::Malformed("IP length over 65535"));
         }
-        let buf = &mut buf[..total];
-        let payload_off = bth + roce.emit_headers(&mut buf[bth..], payload_len)?;
-        self.write_lower(buf, udp_len, ip_id);
-        fill(&mut buf[payload_off..payload_off + payload_len]);
-        let icrc_off = total - icrc::LEN;
+        let Some(after) = head.get_mut(bth..) else {
+            return Err(Error::BufferTooSmall {
+                needed: bth,
+                available: head.len(),
+            });
+        };
+        let payload_off = bth + roce.emit_headers_only(after, payload_len)?;
+        self.write_lower(head, udp_len, ip_id);
+        Ok(Layout {
+            total,
+            payload_off,
+            payload_len,
+        })
+    }
+
+    /// The second half of [`Self::emit`]: zero pad, ICRC and (IPv6) UDP checksum, over
+    /// `head` and, for a frame longer than it, `tail`. Returns the frame length.
+    #[inline(always)]
+    pub fn finish(&self, l: &Layout, head: &mut [u8], tail: &mut [u8]) -> Result<usize> {
+        if l.total > head.len() {
+            return self.finish_chained(l, head, tail);
+        }
+        let (l3, l4, bth) = (self.l3, self.l4, self.header_len());
+        let buf = &mut head[..l.total];
+        let icrc_off = l.total - icrc::LEN;
+        buf[l.payload_off + l.payload_len..icrc_off].fill(0);
         let crc = icrc::compute_in_place(buf, l3, l4, bth, icrc_off)?;
         icrc::write(&mut buf[icrc_off..], crc);
         if let Some((src, dst)) = self.v6 {
             let c = udp::checksum_v6(src, dst, &buf[l4..])?;
             buf[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
         }
-        Ok(total)
+        Ok(l.total)
     }
 
-    /// [`Self::emit`] into two pieces, `head` then `tail`, as a link that chains a frame
-    /// over two buffers sends it: a frame that fits `head` goes there whole (`emit`);
-    /// a longer one continues in `tail`, and `fill` gets its payload as the two pieces
-    /// it lies in. Every header up to the payload must fit `head`.
-    pub fn emit_parts(
-        &self,
-        head: &mut [u8],
-        tail: &mut [u8],
-        ip_id: u16,
-        roce: &RoceRepr<'_>,
-        payload_len: usize,
-        fill: impl FnOnce(PiecesMut<'_>),
-    ) -> Result<usize> {
-        let (l3, l4) = (self.l3, self.l4);
-        let bth = self.header_len();
-        let roce_len = roce.buffer_len_for(payload_len)?;
-        let total = bth + roce_len;
+    /// [`Self::finish`] for a frame that continues into `tail`: pad and ICRC may lie on
+    /// either side of the cut, or across it. Out of line: multi-buffer links only.
+    #[inline(never)]
+    fn finish_chained(&self, l: &Layout, head: &mut [u8], tail: &mut [u8]) -> Result<usize> {
+        let (l3, l4, bth) = (self.l3, self.l4, self.header_len());
         let h = head.len();
-        if total <= h {
-            return self.emit(head, ip_id, roce, payload_len, |d| fill(PiecesMut::one(d)));
-        }
-        if h + tail.len() < total {
-            return Err(Error::BufferTooSmall {
-                needed: total,
-                available: h + tail.len(),
-            });
-        }
-        let udp_len = udp::LEN + roce_len;
-        if l4 - l3 + udp_len > usize::from(u16::MAX) {
-            return Err(Error::Malformed("IP length over 65535"));
-        }
-        if h < bth {
-            return Err(Error::BufferTooSmall {
-                needed: bth,
-                available: h,
-            });
-        }
-        let tail = &mut tail[..total - h];
-        let payload_off = bth + roce.emit_headers_only(&mut head[bth..], payload_len)?;
-        self.write_lower(head, udp_len, ip_id);
-        let end = payload_off + payload_len;
-        let icrc_off = total - icrc::LEN;
-        if end <= h {
-            fill(PiecesMut {
-                first: &mut head[payload_off..end],
-                rest: &mut [],
-            });
-        } else {
-            fill(PiecesMut {
-                first: &mut head[payload_off..],
-                rest: &mut tail[..end - h],
-            });
-        }
-        // Pad (zeros) and ICRC may lie on either side of the cut, or across it.
+        let tail = &mut tail[..l.total - h];
+        let icrc_off = l.total - icrc::LEN;
         let byte = |head: &mut [u8], tail: &mut [u8], at: usize, v: u8| {
             if at < h {
                 head[at] = v;
@@ -795,10 +823,15 @@ impl FrameTemplate {
                 tail[at - h] = v;
             }
         };
-        for at in end..icrc_off {
+        for at in l.payload_off + l.payload_len..icrc_off {
             byte(head, tail, at, 0);
         }
-        let crc = icrc::compute_in_place_parts(head, tail, l3, l4, bth, icrc_off)?;
+        let crc = if icrc_off <= h {
+            icrc::compute_in_place(head, l3, l4, bth, icrc_off)?
+        } else {
+            let c = icrc::compute_in_place(head, l3, l4, bth, h)?;
+            icrc::extend(c, &tail[..icrc_off - h])
+        };
         for (k, v) in crc.to_le_bytes().into_iter().enumerate() {
             byte(head, tail, icrc_off + k, v);
         }
@@ -806,11 +839,12 @@ impl FrameTemplate {
             let c = udp::checksum_parts(&src, &dst, &head[l4..], tail)?;
             head[l4 + 6..l4 + 8].copy_from_slice(&c.to_be_bytes());
         }
-        Ok(total)
+        Ok(l.total)
     }
 
     /// Writes the template's link, IP and UDP headers into the start of `buf`, with the
     /// packet's lengths, IPv4 ID and header checksum.
+    #[inline(always)]
     fn write_lower(&self, buf: &mut [u8], udp_len: usize, ip_id: u16) {
         let (l3, l4) = (self.l3, self.l4);
         let bth = self.header_len();

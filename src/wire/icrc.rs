@@ -45,26 +45,7 @@ pub fn compute_in_place(
     bth: usize,
     icrc_off: usize,
 ) -> Result<u32> {
-    compute_in_place_parts(frame, &[], l3, l4, bth, icrc_off)
-}
-
-/// [`compute_in_place`] for a frame built in two pieces, `frame` then `rest` (a frame
-/// chained over two AF_XDP buffers), offsets counted over both. The headers up to the
-/// end of the BTH must lie in `frame`.
-pub fn compute_in_place_parts(
-    frame: &mut [u8],
-    rest: &[u8],
-    l3: usize,
-    l4: usize,
-    bth: usize,
-    icrc_off: usize,
-) -> Result<u32> {
-    if !(l3 < l4
-        && l4 + 8 == bth
-        && bth + bth::LEN <= icrc_off
-        && bth + bth::LEN <= frame.len()
-        && icrc_off <= frame.len() + rest.len())
-    {
+    if !(l3 < l4 && l4 + 8 == bth && bth + bth::LEN <= icrc_off && icrc_off <= frame.len()) {
         return Err(Error::Malformed("ICRC: inconsistent offsets"));
     }
     let v6 = match (frame[l3] >> 4, l4 - l3) {
@@ -99,10 +80,7 @@ pub fn compute_in_place_parts(
         frame[bth + bth::ICRC_MASKED_BYTE] = 0xff;
     }
     let mut h = hasher_after_lrh();
-    h.update(&frame[l3..icrc_off.min(frame.len())]);
-    if icrc_off > frame.len() {
-        h.update(&rest[..icrc_off - frame.len()]);
-    }
+    h.update(&frame[l3..icrc_off]);
     for (s, &p) in saved.iter().zip(&pos) {
         frame[p] = *s;
     }
@@ -116,18 +94,6 @@ pub fn compute_in_place_parts(
 /// 40-byte IPv6 header), its 8-byte UDP header, and the UDP payload without the ICRC
 /// (BTH first). Returns `Malformed` when the pieces are too short to be headers.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> Result<u32> {
-    compute_parts(ip_header, udp_header, transport, &[])
-}
-
-/// [`compute`] for a UDP payload (without the ICRC) that lies in two pieces, `transport`
-/// then `rest`: a frame chained over two AF_XDP buffers, checked where it lies rather
-/// than copied together first. The BTH must be in `transport`.
-pub fn compute_parts(
-    ip_header: &[u8],
-    udp_header: &[u8],
-    transport: &[u8],
-    rest: &[u8],
-) -> Result<u32> {
     if udp_header.len() != 8 {
         return Err(Error::Malformed("ICRC: UDP header is not 8 bytes"));
     }
@@ -182,10 +148,16 @@ pub fn compute_parts(
         h.update(&pre[..n]);
     }
     h.update(&transport[bth::LEN..]);
-    if !rest.is_empty() {
-        h.update(rest);
-    }
     Ok(h.finalize())
+}
+
+/// Continues a CRC computed over earlier bytes (`crc`, as [`compute`] or
+/// [`compute_in_place`] returned it) over `more`: the ICRC of a frame chained over two
+/// buffers is its first piece's, extended over the rest where it lies.
+pub fn extend(crc: u32, more: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(more);
+    h.finalize()
 }
 
 /// Reads the ICRC stored at the end of a UDP payload.

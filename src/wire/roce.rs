@@ -142,6 +142,7 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
 /// bytes are `b` (all of them, or the first piece of a chained frame). The BTH and the
 /// extension headers must lie in `b`, and as many bytes after them as pad and ICRC take,
 /// so that a view of `b` alone stays in bounds; the rest may lie elsewhere.
+#[inline(always)]
 fn check_layout(b: &[u8], len: usize) -> Result<&'static OpcodeInfo> {
     let bth = BthHeader::new_checked(b)?;
     if bth.tver() != 0 {
@@ -359,6 +360,7 @@ impl<'a> RoceRepr<'a> {
 
     /// What emitting this packet with `payload_len` bytes of payload needs: a known
     /// opcode, the extension headers it names, a payload it may carry.
+    #[inline(always)]
     fn check_emit(&self, payload_len: usize) -> Result<&'static OpcodeInfo> {
         let info = self.info()?;
         self.ext.check(info)?;
@@ -376,6 +378,7 @@ impl<'a> RoceRepr<'a> {
 
     /// Writes the BTH (with `pad`) and the extension headers `info` names into `buf`,
     /// which holds exactly them.
+    #[inline(always)]
     fn write_headers(&self, buf: &mut [u8], info: &OpcodeInfo, pad: u8) {
         let mut bth = self.bth;
         bth.pad_count = pad;
