@@ -529,22 +529,23 @@ impl FrameLink for XdpLink {
             // bytes (a few hundred at IB MTU 4096) are then copied into the buffers it
             // is chained over.
             // SAFETY: `d` is a free TX frame of this UMEM; the kernel does not own it.
-            let n = unsafe {
+            let (cap, n) = unsafe {
                 let mut data = q.umem.data_mut(&mut d);
                 let mut cur = data.cursor();
                 let cap = cur.buf_len();
                 cur.set_pos(cap);
                 let rest: &mut [u8] = if multi { &mut scratch[..] } else { &mut [] };
-                fill(PiecesMut {
+                let n = fill(PiecesMut {
                     first: data.contents_mut(),
                     rest,
-                })
+                });
+                (cap, n)
             };
             let Some(n) = n else {
                 q.free_tx.push(d);
                 break;
             };
-            let first = n.min(frame_mtu);
+            let first = n.min(cap);
             // SAFETY: as above.
             unsafe { q.umem.data_mut(&mut d).cursor().set_pos(first) };
             d.set_options(if n > first { 1 } else { 0 });

@@ -519,13 +519,12 @@ impl<'a> Frame<'a> {
         let udp_bytes = &self.bytes[self.l4..];
         let computed = match self.ip {
             _ if !self.tail.is_empty() => {
-                let (s, d) = match self.ip {
-                    IpView::V4(h) => (h.slice().get(12..20), None),
-                    IpView::V6(h) => (None, h.slice().get(8..40)),
+                // Source and destination addresses, as the pseudo-header takes them.
+                let (src, dst) = match self.ip {
+                    IpView::V4(h) => (&h.slice()[12..16], &h.slice()[16..20]),
+                    IpView::V6(h) => (&h.slice()[8..24], &h.slice()[24..40]),
                 };
-                let a = s.or(d).unwrap_or(&[]);
-                let half = a.len() / 2;
-                udp::checksum_parts(&a[..half], &a[half..], udp_bytes, self.tail)?
+                udp::checksum_parts(src, dst, udp_bytes, self.tail)?
             }
             IpView::V4(h) => udp::checksum_v4(h.source(), h.destination(), udp_bytes)?,
             IpView::V6(h) => udp::checksum_v6(h.source(), h.destination(), udp_bytes)?,
