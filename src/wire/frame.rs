@@ -325,17 +325,10 @@ impl<'a> Frame<'a> {
     }
 
     /// The frame bytes up to the end of the IP packet; for a chained frame, those in its
-    /// first piece (see [`Self::tail`]).
+    /// first piece.
     #[inline]
     pub fn bytes(&self) -> &'a [u8] {
         self.bytes
-    }
-
-    /// A chained frame's bytes after [`Self::bytes`], to the end of the IP packet; empty
-    /// for a frame in one piece.
-    #[inline]
-    pub fn tail(&self) -> &'a [u8] {
-        self.tail
     }
 
     /// True when the frame arrived in two pieces ([`Self::parse_parts`]).
@@ -640,18 +633,6 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The frame's length.
-    #[inline]
-    pub fn len(&self) -> usize {
-        self.total
-    }
-
-    /// Never: a frame has headers.
-    #[inline]
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
     /// Where the payload goes: in `head`, or from `head` on into `tail`.
     #[inline(always)]
     pub fn payload<'b>(&self, head: &'b mut [u8], tail: &'b mut [u8]) -> PiecesMut<'b> {
