@@ -303,7 +303,7 @@ pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> R
                 let r = super::count_arrivals(count, || {
                     Ok(link.recv(256, &mut |f| {
                         for p in f.iter() {
-                            sum ^= crc32fast::hash(p);
+                            sum ^= crate::wire::icrc::crc32(p);
                         }
                         if at + f.len() > buf.len() {
                             at = 0;

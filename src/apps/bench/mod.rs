@@ -136,9 +136,10 @@ pub(crate) fn pin_side(k: usize) {
     }
 }
 
-/// How the sides ran, for the reports.
+/// How the sides ran, and the ICRC kernel this process timed and took (see
+/// [`crate::wire::icrc::kernel`]), for the reports.
 pub fn pinning_line() -> String {
-    match side_cpus() {
+    let pins = match side_cpus() {
         Some([a, b]) => format!(
             "sides pinned: A's engine or sending thread on CPU {a}, B's on CPU {b} (the \
              application's thread is not pinned)"
@@ -147,7 +148,8 @@ pub fn pinning_line() -> String {
             "sides not pinned: this process may run on one CPU only".to_string()
         }
         None => "sides not pinned (--no-pin)".to_string(),
-    }
+    };
+    format!("{pins}; ICRC on {}", crate::wire::icrc::kernel().name())
 }
 
 /// What every `bench` report gives the command: the table it prints, and `--json`.
