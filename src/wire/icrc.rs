@@ -48,6 +48,7 @@ impl Kernel {
 /// with tables, and in `tools/rxe-interop`'s system-mode VMs the tables are faster too,
 /// by less (see `calibrate`). Linux picks its RAID-6 and XOR routines the same way, by
 /// timing them at boot.
+#[inline]
 pub fn kernel() -> Kernel {
     static K: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
     *K.get_or_init(|| {
@@ -76,8 +77,8 @@ pub fn kernel() -> Kernel {
 /// round that was preempted does not flip the choice. In qemu's user-mode TCG the
 /// table was 2.5x faster (10.3 against 25.9 us); in the rxe lab's system-mode VMs,
 /// where every load goes through the emulated MMU, 1.11-1.28x (20.7-23.9 against
-/// 26.4-26.5 us), and the receiving VM's ICRC share of its busy time fell from 13.6%
-/// to 10.6% (guest perf) with the table.
+/// 26.4-26.5 us), and the receiving VM's ICRC share of its busy time fell from 14-15%
+/// to 11-12% (guest perf, two runs each) with the table.
 fn calibrate() -> (std::time::Duration, std::time::Duration) {
     let buf = [0x5au8; 1024];
     let time = |k: Kernel| {
@@ -113,6 +114,7 @@ enum Crc {
 
 impl Crc {
     /// Continues from `prev`, the CRC of earlier bytes (0 for none).
+    #[inline]
     fn start(k: Kernel, prev: u32) -> Crc {
         match k {
             Kernel::Crc32fast if prev == 0 => Crc::Fast(hasher()),
@@ -122,6 +124,7 @@ impl Crc {
     }
 
     /// Having consumed the 8 bytes of 0xFF that stand for the LRH.
+    #[inline]
     fn after_lrh(k: Kernel) -> Crc {
         match k {
             Kernel::Crc32fast => Crc::Fast(hasher_after_lrh()),
@@ -129,6 +132,7 @@ impl Crc {
         }
     }
 
+    #[inline]
     fn update(&mut self, data: &[u8]) {
         match self {
             Crc::Fast(h) => h.update(data),
@@ -136,6 +140,7 @@ impl Crc {
         }
     }
 
+    #[inline]
     fn finalize(self) -> u32 {
         match self {
             Crc::Fast(h) => h.finalize(),
@@ -147,6 +152,7 @@ impl Crc {
 /// `prev` extended over `data` with the tables. The crate keeps the register reflected
 /// and before the final inversion: that is `!prev`, which it takes as an initial value
 /// once its bits are reversed back.
+#[inline(never)]
 fn table_extend(prev: u32, data: &[u8]) -> u32 {
     let mut d = TABLE.digest_with_initial((!prev).reverse_bits());
     d.update(data);
