@@ -730,8 +730,8 @@ pub(crate) struct QpShared {
     // of their own: sharing one made every post wait for the line the engine had just
     // written (measured by benches/verbs_abi: the same post cost 230 or 490 ns from one
     // run to the next, by where the allocator put the struct).
-    sq_posted: CachePadded<AtomicU64>,
-    rq_posted: CachePadded<AtomicU64>,
+    sq_posted: CachePadded<PostCount>,
+    rq_posted: CachePadded<PostCount>,
     /// WQEs finished by the engine, plus those it refused.
     pub(crate) sq_done: CachePadded<AtomicU64>,
     pub(crate) rq_done: CachePadded<AtomicU64>,
@@ -760,16 +760,42 @@ impl QpShared {
     }
 }
 
-/// Takes one slot of a queue of `depth` whose `posted` and `done` counters say how full
-/// it is; false (and nothing taken) when it is full. Safe against posters in several
-/// threads: the slot is claimed first and given back if it was not there.
-fn claim(posted: &AtomicU64, done: &AtomicU64, depth: u32) -> bool {
-    let p = posted.fetch_add(1, Ordering::SeqCst);
-    if p.saturating_sub(done.load(Ordering::SeqCst)) >= u64::from(depth) {
-        posted.fetch_sub(1, Ordering::SeqCst);
-        return false;
+/// A queue's count of WRs posted, written only by posting threads, with the engine's
+/// `done` count as a poster last read it.
+///
+/// The engine thread stores `done` at every completion, so reading it took that cache
+/// line back across cores on every post (a WR reposted per receive completion, as
+/// `ib_send_bw`'s server does). `done` only grows, so a queue that has room by the count
+/// last read has room by the current one; the current count is read only when the old
+/// one says the queue is full.
+#[derive(Default)]
+pub(crate) struct PostCount {
+    posted: AtomicU64,
+    done_seen: AtomicU64,
+}
+
+impl PostCount {
+    /// Takes one slot of a queue of `depth` whose WRs finished (or refused) are counted
+    /// by `done`; false (and nothing taken) when it is full. Safe against posters in
+    /// several threads: the slot is claimed first and given back if it was not there.
+    fn claim(&self, done: &AtomicU64, depth: u32) -> bool {
+        let p = self.posted.fetch_add(1, Ordering::SeqCst);
+        let room = |d: u64| p.saturating_sub(d) < u64::from(depth);
+        if room(self.done_seen.load(Ordering::Relaxed)) {
+            return true;
+        }
+        let d = done.load(Ordering::SeqCst);
+        self.done_seen.fetch_max(d, Ordering::Relaxed);
+        if room(d) {
+            return true;
+        }
+        self.posted.fetch_sub(1, Ordering::SeqCst);
+        false
     }
-    true
+
+    fn posted(&self) -> u64 {
+        self.posted.load(Ordering::SeqCst)
+    }
 }
 
 /// A queue pair.
@@ -803,7 +829,7 @@ impl Qp {
     fn sq_used(&self) -> u64 {
         self.sh
             .sq_posted
-            .load(Ordering::SeqCst)
+            .posted()
             .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst))
     }
 
@@ -831,11 +857,11 @@ impl Qp {
     /// nothing; makes a system call only to wake a sleeping engine thread or to send.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), Error> {
         self.check_send(wr)?;
-        if !claim(
-            &self.sh.sq_posted,
-            &self.sh.sq_done,
-            self.sh.cap.max_send_wr,
-        ) {
+        if !self
+            .sh
+            .sq_posted
+            .claim(&self.sh.sq_done, self.sh.cap.max_send_wr)
+        {
             return Err(Error::QueueFull {
                 what: "send",
                 owner: self.qpn,
@@ -843,8 +869,9 @@ impl Qp {
             });
         }
         let k = self.sh.shard.load(Ordering::SeqCst);
-        // The one just claimed is the only one outstanding.
-        let first = self.sq_used() == 1;
+        // The one just claimed is the only one outstanding (asked only where it matters:
+        // it reads the count the engine thread writes).
+        let first = self.dev.rtc && self.sq_used() == 1;
         if push_posted(&self.sh.sq_ring, wr, &self.dev.set, k).is_err()
             || !self.dev.ring(k, &self.sh.rung, self.qpn, first)
         {
@@ -869,11 +896,11 @@ impl Qp {
         if wr.sg_list.len() > self.sh.cap.max_recv_sge as usize {
             return Err(Error::InvalidWr("more SGEs than the QP's max_recv_sge"));
         }
-        if !claim(
-            &self.sh.rq_posted,
-            &self.sh.rq_done,
-            self.sh.cap.max_recv_wr,
-        ) {
+        if !self
+            .sh
+            .rq_posted
+            .claim(&self.sh.rq_done, self.sh.cap.max_recv_wr)
+        {
             return Err(Error::QueueFull {
                 what: "receive",
                 owner: self.qpn,
@@ -895,7 +922,7 @@ pub(crate) struct SrqShared {
     id: u32,
     max_sge: u32,
     max_wr: AtomicU32,
-    posted: AtomicU64,
+    posted: PostCount,
     /// WRs taken by QPs or refused by the engine (mirrored by the engine thread).
     pub(crate) done: AtomicU64,
     pub(crate) ring: ArrayQueue<RecvWr>,
@@ -941,7 +968,7 @@ impl Srq {
             return Err(Error::InvalidWr("more SGEs than the SRQ's max_sge"));
         }
         let depth = self.sh.max_wr.load(Ordering::SeqCst);
-        if !claim(&self.sh.posted, &self.sh.done, depth) {
+        if !self.sh.posted.claim(&self.sh.done, depth) {
             return Err(Error::QueueFull {
                 what: "SRQ",
                 owner: self.id,
@@ -960,7 +987,7 @@ impl Srq {
     pub fn outstanding(&self) -> u64 {
         self.sh
             .posted
-            .load(Ordering::SeqCst)
+            .posted()
             .saturating_sub(self.sh.done.load(Ordering::SeqCst))
     }
 }
@@ -1303,9 +1330,9 @@ impl Device {
                 cap: init.cap,
                 srq: init.srq.is_some(),
                 state: AtomicU8::new(QpState::Reset as u8),
-                sq_posted: CachePadded::new(AtomicU64::new(0)),
+                sq_posted: CachePadded::default(),
                 sq_done: CachePadded::new(AtomicU64::new(0)),
-                rq_posted: CachePadded::new(AtomicU64::new(0)),
+                rq_posted: CachePadded::default(),
                 rq_done: CachePadded::new(AtomicU64::new(0)),
                 shard: AtomicUsize::new(0),
                 sq_ring: posted::PostRing::new((init.cap.max_send_wr as usize).clamp(1, RING_MAX)),
@@ -1472,7 +1499,7 @@ impl Device {
                 id,
                 max_sge,
                 max_wr: AtomicU32::new(max_wr),
-                posted: AtomicU64::new(0),
+                posted: PostCount::default(),
                 done: AtomicU64::new(0),
                 ring: ArrayQueue::new((max_wr as usize).clamp(1, RING_MAX)),
                 rung: AtomicBool::new(false),
@@ -1762,3 +1789,77 @@ pub(crate) type HandleMap<V> =
 pub(crate) type QpRegistry = HandleMap<(Arc<QpShared>, u64, u64)>;
 /// SRQ -> (shared state, receive WRs refused).
 pub(crate) type SrqRegistry = HandleMap<(Arc<SrqShared>, u64)>;
+
+#[cfg(test)]
+mod tests {
+    use super::PostCount;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The done count a poster last read may be old: a queue that looks full by it is
+    /// asked again, and one that is full by the current count refuses without keeping
+    /// the slot it tried.
+    #[test]
+    fn a_claim_reads_done_again_before_refusing() {
+        let (c, done) = (PostCount::default(), AtomicU64::new(0));
+        assert!((0..4).all(|_| c.claim(&done, 4)));
+        assert!(!c.claim(&done, 4));
+        assert_eq!(c.posted(), 4);
+        // Two finish: the count read before says full, the current one has room for two.
+        done.store(2, Ordering::SeqCst);
+        assert!(c.claim(&done, 4) && c.claim(&done, 4));
+        assert!(!c.claim(&done, 4));
+        assert_eq!(c.posted(), 6);
+        // A deeper queue (an SRQ's max_wr raised) takes more on the count last read.
+        assert!(c.claim(&done, 5));
+        assert!(!c.claim(&done, 5));
+    }
+
+    /// Posters in several threads against a consumer that finishes WRs meanwhile never
+    /// have more than `depth` outstanding, and every slot finished is taken again. The
+    /// consumer stops everyone at the first excess, and a deadline bounds the run.
+    #[test]
+    fn claims_from_several_threads_never_exceed_the_depth() {
+        use std::sync::atomic::AtomicBool;
+        use std::time::{Duration, Instant};
+        const DEPTH: u32 = 8;
+        const ROUNDS: u64 = 20_000;
+        let (c, done, taken) = (PostCount::default(), AtomicU64::new(0), AtomicU64::new(0));
+        let (stop, worst) = (AtomicBool::new(false), AtomicU64::new(0));
+        let until = Instant::now() + Duration::from_secs(20);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let mut got = 0;
+                    while got < ROUNDS && !stop.load(Ordering::SeqCst) {
+                        if c.claim(&done, DEPTH) {
+                            taken.fetch_add(1, Ordering::SeqCst);
+                            got += 1;
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                });
+            }
+            // The consumer: finishes one WR at a time, of those claimed.
+            s.spawn(|| {
+                while done.load(Ordering::SeqCst) < 3 * ROUNDS && Instant::now() < until {
+                    let (t, d) = (taken.load(Ordering::SeqCst), done.load(Ordering::SeqCst));
+                    worst.fetch_max(t - d, Ordering::SeqCst);
+                    if t - d > u64::from(DEPTH) {
+                        break;
+                    }
+                    if t > d {
+                        done.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                stop.store(true, Ordering::SeqCst);
+            });
+        });
+        let worst = worst.load(Ordering::SeqCst);
+        assert!(worst <= u64::from(DEPTH), "{worst} outstanding");
+        assert_eq!(done.load(Ordering::SeqCst), 3 * ROUNDS, "ran out of time");
+        assert_eq!(c.posted(), 3 * ROUNDS);
+    }
+}
