@@ -928,6 +928,10 @@ fn bench_out<R: apps::bench::BenchReport>(
                     "side_cpus".into(),
                     serde_json::json!(apps::bench::side_cpus()),
                 );
+                o.insert(
+                    "core_round_trip_ns".into(),
+                    serde_json::json!(apps::bench::probes_so_far()),
+                );
             }
             println!("{j}");
             ExitCode::SUCCESS

@@ -1755,6 +1755,14 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
             "{}",
             j["side_cpus"]
         );
+        // A cache line's round trip between those cores, probed around every
+        // repetition.
+        let probes = j["core_round_trip_ns"].as_array().unwrap();
+        assert!(!probes.is_empty(), "{j}");
+        assert!(
+            probes.iter().all(|p| p.as_f64().unwrap() > 0.0),
+            "{probes:?}"
+        );
     }
 }
 
@@ -1797,6 +1805,11 @@ fn bench_send_prints_one_test_as_perftest_does() {
     );
     if roce_xdp::host::allowed_cpus().len() >= 2 {
         assert!(text.contains("sides pinned: A's engine"), "{text}");
+        assert!(
+            text.contains("rep 1: a cache line between the cores ")
+                && text.contains("a cache line's round trip between those cores "),
+            "{text}"
+        );
     }
     assert!(text.contains("kernel UDP, 1024-byte datagrams"), "{text}");
 }

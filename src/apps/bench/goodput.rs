@@ -452,6 +452,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             super::stream_for(&a, &b, o.ops[0], o.sizes[0], 16, Duration::from_millis(100))?;
         }
         for rep in 0..o.reps {
+            let probe0 = super::core_round_trip();
             for (p, f) in points.iter_mut().zip(&frames) {
                 p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
                 p.raw_read_pps
@@ -487,6 +488,10 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                     ));
                 }
                 say(&line);
+            }
+            let note = super::probe_note(probe0, super::core_round_trip());
+            if let Some(note) = note.strip_prefix("; ") {
+                say(&format!("  rep {}: {note}", rep + 1));
             }
         }
         rows.push(GoodputRow {

@@ -303,6 +303,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
     write_pingpong(&pair, BenchLink::Xdp, false, o.size, o.iters.min(200))?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
+        let probe0 = super::core_round_trip();
         let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
         let raw = Rtt::of(raw_pingpong(&pair, o.size, o.iters, false)?);
         let raw_busy = Rtt::of(raw_pingpong(&pair, o.size, o.iters, true)?);
@@ -319,7 +320,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
         say(&format!(
             "rep {}: kernel UDP {:.1} us, raw AF_XDP echo {:.1} us (spinning {:.1}), \
              RC SEND {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us; RC WRITE \
-             {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us (medians)",
+             {:.1} us, busy-polling {:.1} us, on the UDP link {:.1} us (medians){}",
             rep + 1,
             udp.median_us,
             raw.median_us,
@@ -329,7 +330,8 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
             rc_udp_link.median_us,
             write.median_us,
             write_busy.median_us,
-            write_udp_link.median_us
+            write_udp_link.median_us,
+            super::probe_note(probe0, super::core_round_trip())
         ));
         reps.push(LatencyRep {
             udp,

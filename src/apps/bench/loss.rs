@@ -222,6 +222,7 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
     )?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
+        let probe0 = super::core_round_trip();
         let clean = run(0)?;
         let mut lossy = Vec::new();
         for &p in &o.percents {
@@ -234,6 +235,7 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
                 x.gbps, x.dropped, x.retransmitted, x.fast, x.timeouts
             ));
         }
+        line.push_str(&super::probe_note(probe0, super::core_round_trip()));
         say(&line);
         reps.push(LossRep { clean, lossy });
     }

@@ -428,6 +428,7 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
     many_stream(&a, &b, o.size, o.depth, Duration::from_millis(100))?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
+        let probe0 = super::core_round_trip();
         let single =
             super::stream_for(&a[0], &b[0], Stream::Write, o.size, single_depth, o.stream)?;
         // A's packets resent and the frames B had no room for, so far.
@@ -449,7 +450,7 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
         };
         say(&format!(
             "rep {}: 1 QP {:.2} Gbit/s, {} QPs {:.2} Gbit/s, ratio {:.2}, {} WRITEs per QP \
-             at least, {} at most, {} packets resent, {} frames B had no room for",
+             at least, {} at most, {} packets resent, {} frames B had no room for{}",
             rep + 1,
             r.single_gbps,
             o.qps,
@@ -458,7 +459,8 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
             r.fewest,
             r.most,
             r.retransmitted,
-            r.rx_no_room
+            r.rx_no_room,
+            super::probe_note(probe0, super::core_round_trip())
         ));
         reps.push(r);
     }
