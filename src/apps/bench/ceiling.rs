@@ -169,7 +169,7 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
         raw_rate(&pair, &frame, o.frames.min(20_000))?;
         rc_rates(&pair, mtu, Duration::from_millis(200), &mut row.link)?;
         for rep in 0..o.reps {
-            let probe0 = super::core_round_trip();
+            let probe = super::CoreProbe::start();
             let raw_pps = raw_rate(&pair, &frame, o.frames)?;
             let (write_pps, read_pps) = rc_rates(&pair, mtu, o.stream, &mut row.link)?;
             say(&format!(
@@ -178,7 +178,7 @@ pub fn ceiling(o: &CeilingOpts, say: &mut dyn FnMut(&str)) -> Result<CeilingRepo
                 raw_pps / 1e6,
                 write_pps / 1e6,
                 read_pps / 1e6,
-                super::probe_note(probe0, super::core_round_trip())
+                probe.end_clause()
             ));
             row.reps.push(CeilingRep {
                 raw_pps,

@@ -452,7 +452,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             super::stream_for(&a, &b, o.ops[0], o.sizes[0], 16, Duration::from_millis(100))?;
         }
         for rep in 0..o.reps {
-            let probe0 = super::core_round_trip();
+            let probe = super::CoreProbe::start();
             for (p, f) in points.iter_mut().zip(&frames) {
                 p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
                 p.raw_read_pps
@@ -489,8 +489,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 }
                 say(&line);
             }
-            let note = super::probe_note(probe0, super::core_round_trip());
-            if let Some(note) = note.strip_prefix("; ") {
+            if let Some(note) = probe.end() {
                 say(&format!("  rep {}: {note}", rep + 1));
             }
         }

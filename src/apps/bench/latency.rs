@@ -303,7 +303,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
     write_pingpong(&pair, BenchLink::Xdp, false, o.size, o.iters.min(200))?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
-        let probe0 = super::core_round_trip();
+        let probe = super::CoreProbe::start();
         let udp = Rtt::of(udp_pingpong(&pair, o.size, o.iters)?);
         let raw = Rtt::of(raw_pingpong(&pair, o.size, o.iters, false)?);
         let raw_busy = Rtt::of(raw_pingpong(&pair, o.size, o.iters, true)?);
@@ -331,7 +331,7 @@ pub fn latency(o: &LatencyOpts, say: &mut dyn FnMut(&str)) -> Result<LatencyRepo
             write.median_us,
             write_busy.median_us,
             write_udp_link.median_us,
-            super::probe_note(probe0, super::core_round_trip())
+            probe.end_clause()
         ));
         reps.push(LatencyRep {
             udp,

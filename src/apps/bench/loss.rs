@@ -222,7 +222,7 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
     )?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
-        let probe0 = super::core_round_trip();
+        let probe = super::CoreProbe::start();
         let clean = run(0)?;
         let mut lossy = Vec::new();
         for &p in &o.percents {
@@ -235,7 +235,7 @@ pub fn loss(o: &LossOpts, say: &mut dyn FnMut(&str)) -> Result<LossReport, Strin
                 x.gbps, x.dropped, x.retransmitted, x.fast, x.timeouts
             ));
         }
-        line.push_str(&super::probe_note(probe0, super::core_round_trip()));
+        line.push_str(&probe.end_clause());
         say(&line);
         reps.push(LossRep { clean, lossy });
     }

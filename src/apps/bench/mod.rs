@@ -148,9 +148,9 @@ const PROBE_WINDOW: Duration = Duration::from_millis(30);
 /// [`probes_so_far`]; `None` when the sides are not pinned.
 ///
 /// Every figure that hands work from one core to the other (a doorbell, a completion,
-/// a ring's slots) pays this. On the 2-vCPU VMs this project measures on it is not
-/// fixed: the host moves the vCPUs, and it was 52-60 ns for a while, then 305-340 ns,
-/// switching every few seconds (a probe of this kind, run for a minute). Printed beside
+/// a ring's slots) pays this. On the 2-vCPU AMD guest this project measures on it is
+/// not fixed: the host moves the vCPUs, and it was 51-61 ns for a while, then 305-357
+/// ns, switching within seconds (a probe of this kind, run for a minute). Printed beside
 /// each repetition, it says which of the two a figure was measured in.
 pub fn core_round_trip() -> Option<f64> {
     let [a, b] = side_cpus()?;
@@ -170,14 +170,34 @@ pub fn probes_so_far() -> Vec<f64> {
         .clone()
 }
 
-/// What a repetition's line says of the probes made before and after it.
-pub(crate) fn probe_note(before: Option<f64>, after: Option<f64>) -> String {
-    match (before, after) {
-        (Some(x), Some(y)) => {
-            format!("; a cache line between the cores {x:.0} ns round trip before, {y:.0} after")
-        }
-        _ => String::new(),
+/// The probes around one repetition: [`CoreProbe::start`] before it, one of the `end`
+/// methods after it.
+pub(crate) struct CoreProbe(Option<f64>);
+
+impl CoreProbe {
+    pub(crate) fn start() -> CoreProbe {
+        CoreProbe(core_round_trip())
     }
+
+    /// Probes again; what the repetition's report says of the two probes (`None`
+    /// when the sides are not pinned).
+    pub(crate) fn end(self) -> Option<String> {
+        probe_note(self.0, core_round_trip())
+    }
+
+    /// As [`CoreProbe::end`], as a clause to append to a repetition's line (empty
+    /// when there is none).
+    pub(crate) fn end_clause(self) -> String {
+        self.end().map(|n| format!("; {n}")).unwrap_or_default()
+    }
+}
+
+/// What a repetition's report says of the probes made before and after it.
+fn probe_note(before: Option<f64>, after: Option<f64>) -> Option<String> {
+    Some(format!(
+        "a cache line between the cores {:.0} ns round trip before, {:.0} after",
+        before?, after?
+    ))
 }
 
 /// Bounces one cache line between a thread pinned to CPU `a` and one pinned to CPU
@@ -226,11 +246,11 @@ pub(crate) fn line_round_trip(a: usize, b: usize, window: Duration) -> Option<f6
                         slices.push(t0.elapsed().as_nanos() as f64 / f64::from(SLICE));
                     }
                 }
-                stop.store(true, Ordering::Relaxed);
                 slices
             })
             .join()
             .unwrap_or_default();
+        // Ends the answering thread, also when the timing one panicked.
         stop.store(true, Ordering::Relaxed);
         (!slices.is_empty()).then(|| median(slices))
     })
@@ -837,9 +857,9 @@ mod tests {
     #[test]
     fn a_repetition_names_the_probes_around_it() {
         assert_eq!(
-            probe_note(Some(54.4), Some(318.0)),
-            "; a cache line between the cores 54 ns round trip before, 318 after"
+            probe_note(Some(54.4), Some(318.0)).as_deref(),
+            Some("a cache line between the cores 54 ns round trip before, 318 after")
         );
-        assert_eq!(probe_note(None, Some(318.0)), "");
+        assert_eq!(probe_note(None, Some(318.0)), None);
     }
 }

@@ -428,7 +428,7 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
     many_stream(&a, &b, o.size, o.depth, Duration::from_millis(100))?;
     let mut reps = Vec::new();
     for rep in 0..o.reps {
-        let probe0 = super::core_round_trip();
+        let probe = super::CoreProbe::start();
         let single =
             super::stream_for(&a[0], &b[0], Stream::Write, o.size, single_depth, o.stream)?;
         // A's packets resent and the frames B had no room for, so far.
@@ -460,7 +460,7 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
             r.most,
             r.retransmitted,
             r.rx_no_room,
-            super::probe_note(probe0, super::core_round_trip())
+            probe.end_clause()
         ));
         reps.push(r);
     }
