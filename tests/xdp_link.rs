@@ -1683,9 +1683,9 @@ fn bench_goodput_runs_the_engines_on_the_udp_link() {
 }
 
 /// `bench qps --quick`: every one of the 1000 QPs completed WRITEs (each had one
-/// outstanding from the start, round-robin), both goodputs and both memory figures
-/// measured (a benchmark: no figure's size is checked here; tests/engine_no_alloc.rs
-/// holds the engine to its bytes per QP).
+/// outstanding from the start, round-robin); both goodputs, the frames each stream sent
+/// each way and both memory figures measured (a benchmark: no figure's size is checked
+/// here; tests/engine_no_alloc.rs holds the engine to its bytes per QP).
 #[test]
 fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
     if !need_root() {
@@ -1699,6 +1699,25 @@ fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
     assert!(r["fewest_writes"].as_u64().unwrap() >= 1, "{r}");
     assert!(r["single_gbps"].as_f64().unwrap() > 0.0, "{r}");
     assert!(r["many_gbps"].as_f64().unwrap() > 0.0, "{r}");
+    // 4 KiB WRITEs at IB MTU 1024: four request frames each at least, and with one
+    // outstanding per QP an ACK for each of the N QPs' WRITEs (the single QP's ACKs
+    // cover several); the goodput ratio is the product of the two frame ratios.
+    for (stream, acks) in [("single_frames", 0.0), ("many_frames", 1.0)] {
+        let f = &r[stream];
+        let writes = f["writes"].as_f64().unwrap();
+        assert!(writes >= 1.0, "{stream}: {f}");
+        assert!(
+            f["a_sent"].as_f64().unwrap() >= 4.0 * writes,
+            "{stream}: {f}"
+        );
+        assert!(
+            f["acks_per_write"].as_f64().unwrap() >= acks,
+            "{stream}: {f}"
+        );
+    }
+    let product =
+        r["frame_rate_ratio"].as_f64().unwrap() * r["frames_per_write_ratio"].as_f64().unwrap();
+    assert!((product - r["ratio"].as_f64().unwrap()).abs() < 1e-6, "{r}");
     assert!(j["engine_bytes_per_idle_qp"].as_f64().unwrap() > 0.0, "{j}");
     assert!(
         j["process_bytes_per_idle_qp"].as_f64().unwrap() > 0.0,
