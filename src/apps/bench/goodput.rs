@@ -14,6 +14,10 @@
 //! The raw frame is a WRITE ONLY with its RETH (or a full WRITE MIDDLE): a SEND ONLY is
 //! 16 bytes shorter and a READ response ONLY 12, which changes little at these rates.
 //!
+//! Each repetition measures the raw rate before its streams and again after them, and
+//! divides by the mean: on a VM whose rates drift within seconds, a ceiling taken on
+//! one side only is off by the drift, which the report prints.
+//!
 //! `bench write|read|send` run one size of one verb and print it as perftest's
 //! `ib_*_bw` prints its result, with the raw ceiling beside it.
 
@@ -107,8 +111,17 @@ pub struct GoodputPoint {
     pub frame_bytes: usize,
     pub frames_per_msg: u64,
     pub depth: usize,
-    /// Raw frames per second the receiver took, per repetition.
+    /// Raw frames per second the receiver took, per repetition: the mean of the
+    /// measurements before and after the repetition's streams (below), what the rings
+    /// did around them.
     pub raw_pps: Vec<f64>,
+    /// The raw rate before each repetition's streams (the first repetition's measured
+    /// for it, each later one's the previous repetition's closing measurement) and
+    /// after them. This machine's rates drift within seconds (the host moves its
+    /// vCPUs); a ceiling measured on one side of the streams only can be off by the
+    /// drift.
+    pub raw_before: Vec<f64>,
+    pub raw_after: Vec<f64>,
     /// The same with a receiver that reads each frame (a CRC pass and a copy, what
     /// an engine must do at least), per repetition.
     pub raw_read_pps: Vec<f64>,
@@ -153,6 +166,23 @@ impl GoodputPoint {
                     .collect(),
             )
         })
+    }
+
+    /// Records the raw rate measured after repetition `rep`'s streams; that
+    /// repetition's ceiling is the mean of it and the one before them.
+    fn close_rep(&mut self, rep: usize, after: f64) {
+        self.raw_after.push(after);
+        self.raw_pps.push((self.raw_before[rep] + after) / 2.0);
+    }
+
+    /// How far the raw rate moved across each repetition: |after - before| over their
+    /// mean, per repetition.
+    pub fn raw_drift(&self) -> Vec<f64> {
+        self.raw_before
+            .iter()
+            .zip(&self.raw_after)
+            .map(|(b, a)| (a - b).abs() / ((a + b) / 2.0).max(1e-9))
+            .collect()
     }
 
     /// Median over repetitions of RC frames/s over raw frames/s in the same repetition.
@@ -250,6 +280,20 @@ impl GoodputReport {
                 s.push('\n');
             }
         }
+        let drift: Vec<f64> = self
+            .rows
+            .iter()
+            .flat_map(|r| &r.points)
+            .flat_map(GoodputPoint::raw_drift)
+            .collect();
+        if !drift.is_empty() {
+            s.push_str(&format!(
+                "\nthe raw rate moved by {:.0}% (median) and at most {:.0}% between the \
+                 measurements before and after a repetition's streams; /raw divides by their mean\n",
+                median(drift.clone()) * 100.0,
+                drift.iter().copied().fold(0.0, f64::max) * 100.0
+            ));
+        }
         s.push_str(
             "\n/raw: RC frames per second over raw frames per second of the same size in the same \
              repetition (1.00 = the rings' own rate)\n\
@@ -309,7 +353,8 @@ impl GoodputReport {
                 );
                 for p in &row.points {
                     s.push_str(&format!(
-                        " raw AF_XDP, {}-byte frames: {:.3} Mpps ({:.2} Gb/sec of this payload); \
+                        " raw AF_XDP, {}-byte frames: {:.3} Mpps ({:.2} Gb/sec of this payload; \
+                         before and after each repetition's streams, moved by up to {:.0}%); \
                          {} / raw = {:.2}\n\
                          \x20raw AF_XDP, receiver reading each frame (CRC pass and copy): {:.3} Mpps; \
                          {} / read = {:.2}\n\
@@ -318,6 +363,7 @@ impl GoodputReport {
                         p.frame_bytes,
                         median(p.raw_pps.clone()) / 1e6,
                         p.raw_gbps(),
+                        p.raw_drift().into_iter().fold(0.0, f64::max) * 100.0,
                         op.name(),
                         p.ratio(op),
                         median(p.raw_read_pps.clone()) / 1e6,
@@ -370,6 +416,8 @@ impl super::BenchReport for GoodputReport {
                     "frames_per_msg": p.frames_per_msg,
                     "depth": p.depth,
                     "raw_pps": p.raw_pps,
+                    "raw_pps_before": p.raw_before,
+                    "raw_pps_after": p.raw_after,
                     "raw_gbps": p.raw_gbps(),
                     "raw_read_pps": p.raw_read_pps,
                     "udp_payload": p.payload_per_frame,
@@ -436,6 +484,8 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 frames_per_msg: size.div_ceil(m) as u64,
                 depth: o.depth_for(size),
                 raw_pps: Vec::new(),
+                raw_before: Vec::new(),
+                raw_after: Vec::new(),
                 raw_read_pps: Vec::new(),
                 udp_pps: Vec::new(),
                 ops: o.ops.iter().map(|&op| (op, OpFigures::default())).collect(),
@@ -454,7 +504,11 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         for rep in 0..o.reps {
             let probe = super::CoreProbe::start();
             for (p, f) in points.iter_mut().zip(&frames) {
-                p.raw_pps.push(raw_rate(&pair, f, o.raw_frames)?);
+                let before = match p.raw_after.last() {
+                    Some(&r) => r,
+                    None => raw_rate(&pair, f, o.raw_frames)?,
+                };
+                p.raw_before.push(before);
                 p.raw_read_pps
                     .push(raw_rate_rx(&pair, f, o.raw_frames, RawRx::Read)?);
                 p.udp_pps
@@ -463,15 +517,9 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, o.busy_poll)?;
             link = a.dev.info().link.clone();
             out_reads = super::out_reads(&a, &b);
+            let mut lines = Vec::new();
             for p in points.iter_mut() {
-                let mut line = format!(
-                    "  rep {} {}: raw {:.3} Mpps, reading {:.3}, UDP {:.3} Mpps",
-                    rep + 1,
-                    size_name(p.size),
-                    p.raw_pps[rep] / 1e6,
-                    p.raw_read_pps[rep] / 1e6,
-                    p.udp_pps[rep] / 1e6
-                );
+                let mut line = String::new();
                 for (op, figs) in p.ops.iter_mut() {
                     let acks0 = b.dev.counters().map_err(|e| e.to_string())?.acks_sent;
                     let r = super::stream_for(&a, &b, *op, p.size, p.depth, o.stream)
@@ -487,7 +535,23 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                         r.gbps()
                     ));
                 }
-                say(&line);
+                lines.push(line);
+            }
+            // The engines let go of the interface's queue, for the raw rings after them.
+            drop((a, b));
+            for ((p, f), ops) in points.iter_mut().zip(&frames).zip(lines) {
+                let after = raw_rate(&pair, f, o.raw_frames)?;
+                p.close_rep(rep, after);
+                say(&format!(
+                    "  rep {} {}: raw {:.3} Mpps before, {:.3} after, reading {:.3}, UDP {:.3} \
+                     Mpps{ops}",
+                    rep + 1,
+                    size_name(p.size),
+                    p.raw_before[rep] / 1e6,
+                    after / 1e6,
+                    p.raw_read_pps[rep] / 1e6,
+                    p.udp_pps[rep] / 1e6
+                ));
             }
             if let Some(note) = probe.end() {
                 say(&format!("  rep {}: {note}", rep + 1));
@@ -504,4 +568,72 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         opts: o.clone(),
         rows,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three repetitions whose raw rate fell across their streams (1.0 to 0.6 Mpps, 0.9
+    /// to 0.7) or held (0.8): each is measured against the mean, 0.8, where the rate
+    /// before the streams alone would give 0.71 and the rate after alone 0.91; the
+    /// drift is printed.
+    #[test]
+    fn a_repetition_is_measured_against_the_raw_rate_on_both_sides_of_it() {
+        let mut p = GoodputPoint {
+            size: 65536,
+            frame_bytes: 1082,
+            frames_per_msg: 64,
+            depth: 64,
+            raw_pps: Vec::new(),
+            raw_before: vec![1.0e6, 0.9e6, 0.8e6],
+            raw_after: Vec::new(),
+            raw_read_pps: vec![0.9e6; 3],
+            udp_pps: vec![0.3e6; 3],
+            ops: vec![(
+                Stream::Write,
+                OpFigures {
+                    gbps: vec![0.0; 3],
+                    // 640 k frames a second each.
+                    msg_rate: vec![10_000.0; 3],
+                    acks_per_msg: vec![1.0; 3],
+                },
+            )],
+            payload_per_frame: 1024,
+        };
+        for (rep, after) in [0.6e6, 0.7e6, 0.8e6].into_iter().enumerate() {
+            p.close_rep(rep, after);
+        }
+        for (got, want) in p.raw_pps.iter().zip([0.8e6; 3]) {
+            assert!((got - want).abs() < 1e-3, "{:?}", p.raw_pps);
+        }
+        let drift = p.raw_drift();
+        for (got, want) in drift.iter().zip([0.5, 0.25, 0.0]) {
+            assert!((got - want).abs() < 1e-9, "{drift:?}");
+        }
+        assert!(
+            (p.ratio(Stream::Write) - 0.8).abs() < 1e-9,
+            "{}",
+            p.ratio(Stream::Write)
+        );
+        let report = GoodputReport {
+            opts: GoodputOpts {
+                sizes: vec![65536],
+                ops: vec![Stream::Write],
+                reps: 3,
+                ..GoodputOpts::default()
+            },
+            rows: vec![GoodputRow {
+                mtu: Mtu::Mtu1024,
+                link: "sim".into(),
+                out_reads: 16,
+                points: vec![p],
+            }],
+        };
+        let t = super::super::BenchReport::table(&report);
+        assert!(t.contains("moved by 25% (median) and at most 50%"), "{t}");
+        let j = super::super::BenchReport::to_json(&report);
+        assert_eq!(j["mtus"][0]["sizes"][0]["raw_pps_after"][0], 0.6e6);
+        assert_eq!(j["mtus"][0]["sizes"][0]["raw_pps_before"][1], 0.9e6);
+    }
 }
