@@ -1705,6 +1705,17 @@ fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
     assert_eq!(r["active_qps"].as_u64(), Some(1000), "{r}");
     assert!(r["fewest_writes"].as_u64().unwrap() >= 1, "{r}");
     assert!(r["single_gbps"].as_f64().unwrap() > 0.0, "{r}");
+    // The one QP streams on both sides of the N, and is measured as the two together.
+    let (before, after) = (
+        r["single_before_gbps"].as_f64().unwrap(),
+        r["single_after_gbps"].as_f64().unwrap(),
+    );
+    assert!(before > 0.0 && after > 0.0, "{r}");
+    let single = r["single_gbps"].as_f64().unwrap();
+    assert!(
+        single >= before.min(after) - 1e-9 && single <= before.max(after) + 1e-9,
+        "{r}"
+    );
     assert!(r["many_gbps"].as_f64().unwrap() > 0.0, "{r}");
     // 4 KiB WRITEs at IB MTU 1024: four request frames each at least, and with one
     // outstanding per QP an ACK for each of the N QPs' WRITEs (the single QP's ACKs

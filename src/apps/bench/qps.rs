@@ -4,6 +4,11 @@
 //! interleaved with one QP streaming the same size at the depth `bench goodput` uses.
 //! What a NIC's QP scheduling and per-QP state cost shows in the ratio.
 //!
+//! The one QP streams before and after the N in each repetition (the stream after one
+//! repetition opens the next), and the N are measured against the two together: this
+//! VM's rates drift within seconds, and a single stream on one side of the N carried
+//! that drift into the ratio.
+//!
 //! Each stream's frames are counted each way, and the ratio is split into two factors
 //! whose product it is: frames per second (what a frame cost the N QPs against the one)
 //! and frames per WRITE. The second is the protocol's: a QP with one WRITE outstanding
@@ -92,14 +97,28 @@ impl StreamFrames {
     pub fn acks_per_write(&self) -> f64 {
         self.b_sent as f64 / self.writes.max(1) as f64
     }
+    /// Two streams' frames as one stream's.
+    pub fn plus(&self, o: &StreamFrames) -> StreamFrames {
+        StreamFrames {
+            writes: self.writes + o.writes,
+            a_sent: self.a_sent + o.a_sent,
+            b_sent: self.b_sent + o.b_sent,
+            secs: self.secs + o.secs,
+        }
+    }
 }
 
 /// One repetition.
 #[derive(Debug, Clone, Copy)]
 pub struct QpsRep {
-    /// Goodput of one QP, and of all N.
+    /// Goodput of one QP, and of all N. The one QP streams before and after the N (the
+    /// stream after a repetition opens the next one); `single_gbps` is the two streams'
+    /// together, what the N are measured against, as this VM's rates drift within
+    /// seconds.
     pub single_gbps: f64,
     pub many_gbps: f64,
+    pub single_before_gbps: f64,
+    pub single_after_gbps: f64,
     /// What each stream put on the link.
     pub single_frames: StreamFrames,
     pub many_frames: StreamFrames,
@@ -237,6 +256,8 @@ impl super::BenchReport for QpsReport {
             "link": self.link,
             "reps": self.reps.iter().map(|r| serde_json::json!({
                 "single_gbps": r.single_gbps,
+                "single_before_gbps": r.single_before_gbps,
+                "single_after_gbps": r.single_after_gbps,
                 "many_gbps": r.many_gbps,
                 "ratio": r.ratio(),
                 "active_qps": r.active,
@@ -519,40 +540,54 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
     )?;
     many_stream(&a, &b, o.size, o.depth, Duration::from_millis(100))?;
     let mut reps = Vec::new();
+    // Frames each side's engine sent so far.
+    let sent = || -> Result<(u64, u64), String> {
+        let c = |e: &Endpoint| e.dev.counters().map(|c| c.sent_pkts);
+        Ok((
+            c(&a[0]).map_err(|e| e.to_string())?,
+            c(&b[0]).map_err(|e| e.to_string())?,
+        ))
+    };
+    let frames = |before: (u64, u64), after: (u64, u64), r: &workload::Report| StreamFrames {
+        writes: r.ops,
+        a_sent: after.0 - before.0,
+        b_sent: after.1 - before.1,
+        secs: r.elapsed.as_secs_f64(),
+    };
+    // The one QP's stream, with what it sent.
+    let single_stream = || -> Result<(workload::Report, StreamFrames), String> {
+        let s0 = sent()?;
+        let r = super::stream_for(&a[0], &b[0], Stream::Write, o.size, single_depth, o.stream)?;
+        let f = frames(s0, sent()?, &r);
+        Ok((r, f))
+    };
+    // A's packets resent and the frames B had no room for, so far.
+    let counts = || -> Result<(u64, u64), String> {
+        let c = a[0].dev.counters().map_err(|e| e.to_string())?;
+        Ok((c.retransmitted_pkts, b[0].dev.stats().rx_no_room))
+    };
+    let mut opening = single_stream()?;
     for rep in 0..o.reps {
         let probe = super::CoreProbe::start();
-        // Frames each side's engine sent so far.
-        let sent = || -> Result<(u64, u64), String> {
-            let c = |e: &Endpoint| e.dev.counters().map(|c| c.sent_pkts);
-            Ok((
-                c(&a[0]).map_err(|e| e.to_string())?,
-                c(&b[0]).map_err(|e| e.to_string())?,
-            ))
-        };
-        let frames = |before: (u64, u64), after: (u64, u64), r: &workload::Report| StreamFrames {
-            writes: r.ops,
-            a_sent: after.0 - before.0,
-            b_sent: after.1 - before.1,
-            secs: r.elapsed.as_secs_f64(),
-        };
-        let sent0 = sent()?;
-        let single =
-            super::stream_for(&a[0], &b[0], Stream::Write, o.size, single_depth, o.stream)?;
-        let sent1 = sent()?;
-        // A's packets resent and the frames B had no room for, so far.
-        let counts = || -> Result<(u64, u64), String> {
-            let c = a[0].dev.counters().map_err(|e| e.to_string())?;
-            Ok((c.retransmitted_pkts, b[0].dev.stats().rx_no_room))
-        };
         let before = counts()?;
+        let s1 = sent()?;
         let (many, per_qp) = many_stream(&a, &b, o.size, o.depth, o.stream)?;
+        let many_frames = frames(s1, sent()?, &many);
         let after = counts()?;
-        let sent2 = sent()?;
+        let closing = single_stream()?;
+        let single = workload::Report {
+            ops: opening.0.ops + closing.0.ops,
+            bytes: opening.0.bytes + closing.0.bytes,
+            elapsed: opening.0.elapsed + closing.0.elapsed,
+            rtt_ns: Vec::new(),
+        };
         let r = QpsRep {
             single_gbps: single.gbps(),
             many_gbps: many.gbps(),
-            single_frames: frames(sent0, sent1, &single),
-            many_frames: frames(sent1, sent2, &many),
+            single_before_gbps: opening.0.gbps(),
+            single_after_gbps: closing.0.gbps(),
+            single_frames: opening.1.plus(&closing.1),
+            many_frames,
             active: per_qp.iter().filter(|&&n| n > 0).count(),
             fewest: per_qp.iter().copied().min().unwrap_or(0),
             most: per_qp.iter().copied().max().unwrap_or(0),
@@ -560,11 +595,14 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
             rx_no_room: after.1 - before.1,
         };
         say(&format!(
-            "rep {}: 1 QP {:.2} Gbit/s, {} QPs {:.2} Gbit/s, ratio {:.2} (frame rate {:.2} x \
-             frames per WRITE {:.2}; B's ACKs per WRITE {:.2} with 1 QP, {:.2} with {}), {} \
-             WRITEs per QP at least, {} at most, {} packets resent, {} frames B had no room for{}",
+            "rep {}: 1 QP {:.2} Gbit/s ({:.2} before, {:.2} after), {} QPs {:.2} Gbit/s, ratio \
+             {:.2} (frame rate {:.2} x frames per WRITE {:.2}; B's ACKs per WRITE {:.2} with 1 \
+             QP, {:.2} with {}), {} WRITEs per QP at least, {} at most, {} packets resent, {} \
+             frames B had no room for{}",
             rep + 1,
             r.single_gbps,
+            r.single_before_gbps,
+            r.single_after_gbps,
             o.qps,
             r.many_gbps,
             r.ratio(),
@@ -579,6 +617,7 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
             r.rx_no_room,
             probe.end_clause()
         ));
+        opening = closing;
         reps.push(r);
     }
     Ok(QpsReport {
@@ -615,6 +654,8 @@ mod tests {
         let r = QpsRep {
             single_gbps: gbps(&single),
             many_gbps: gbps(&many),
+            single_before_gbps: 0.0,
+            single_after_gbps: 0.0,
             single_frames: single,
             many_frames: many,
             active: 1000,
@@ -643,6 +684,20 @@ mod tests {
         let j = report.to_json();
         assert_eq!(j["reps"][0]["many_frames"]["b_sent"], 56_519);
         assert_eq!(j["reps"][0]["single_frames"]["writes"], 68_560);
+    }
+
+    /// The one QP's streams before and after the N add up as one stream.
+    #[test]
+    fn two_streams_add_up() {
+        let f = |writes, a_sent, b_sent, secs| StreamFrames {
+            writes,
+            a_sent,
+            b_sent,
+            secs,
+        };
+        let (x, y) = (f(100, 400, 25, 0.5), f(60, 240, 15, 0.5));
+        assert_eq!(x.plus(&y), f(160, 640, 40, 1.0));
+        assert_eq!(x.plus(&y).per_sec(), 680.0);
     }
 
     /// A stream that completed nothing divides by one, not by zero.
