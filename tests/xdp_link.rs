@@ -1855,7 +1855,7 @@ fn bench_send_prints_one_test_as_perftest_does() {
     assert!(text.contains("kernel UDP, 1024-byte datagrams"), "{text}");
 }
 
-/// `bench loss --quick`: lossless and both loss rates measured, the loss visible in
+/// `bench loss --quick`: lossless on both sides of both loss rates, the loss visible in
 /// what nftables dropped and what A sent again (a benchmark: no figure's size is checked).
 #[test]
 fn bench_loss_reports_goodput_beside_lossless_with_what_recovery_took() {
@@ -1867,9 +1867,15 @@ fn bench_loss_reports_goodput_beside_lossless_with_what_recovery_took() {
     assert_eq!(j["percents"], serde_json::json!([1, 2]));
     let reps = j["reps"].as_array().unwrap();
     assert_eq!(reps.len(), 1);
-    let clean = &reps[0]["lossless"];
-    assert!(clean["gbps"].as_f64().unwrap() > 0.0);
-    assert_eq!(clean["dropped"].as_u64(), Some(0), "{clean}");
+    // Lossless before and after the lossy streams, measured against their mean.
+    for k in ["lossless", "lossless_after"] {
+        let clean = &reps[0][k];
+        assert!(clean["gbps"].as_f64().unwrap() > 0.0, "{k}: {clean}");
+        assert_eq!(clean["dropped"].as_u64(), Some(0), "{k}: {clean}");
+    }
+    let g = |k: &str| reps[0][k]["gbps"].as_f64().unwrap();
+    let mean = reps[0]["lossless_gbps"].as_f64().unwrap();
+    assert!((mean - (g("lossless") + g("lossless_after")) / 2.0).abs() < 1e-9);
     for x in reps[0]["lossy"].as_array().unwrap() {
         assert!(x["gbps"].as_f64().unwrap() > 0.0, "{x}");
         assert!(x["dropped"].as_u64().unwrap() > 0, "{x}");
