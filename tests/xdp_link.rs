@@ -1691,8 +1691,9 @@ fn bench_goodput_runs_the_engines_on_the_udp_link() {
 
 /// `bench qps --quick`: every one of the 1000 QPs completed WRITEs (each had one
 /// outstanding from the start, round-robin); both goodputs, the frames each stream sent
-/// each way and both memory figures measured (a benchmark: no figure's size is checked
-/// here; tests/engine_no_alloc.rs holds the engine to its bytes per QP).
+/// each way and both memory figures measured. A benchmark: beyond what the protocol
+/// fixes (frames and ACKs per WRITE), no figure's size is checked here;
+/// tests/engine_no_alloc.rs holds the engine to its bytes per QP.
 #[test]
 fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
     if !need_root() {
@@ -1717,10 +1718,11 @@ fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
         "{r}"
     );
     assert!(r["many_gbps"].as_f64().unwrap() > 0.0, "{r}");
-    // 4 KiB WRITEs at IB MTU 1024: four request frames each at least, and with one
-    // outstanding per QP an ACK for each of the N QPs' WRITEs (the single QP's ACKs
-    // cover several); the goodput ratio is the product of the two frame ratios.
-    for (stream, acks) in [("single_frames", 0.0), ("many_frames", 1.0)] {
+    // 4 KiB WRITEs at IB MTU 1024: four request frames each at least. With one
+    // outstanding per QP each of the N QPs' WRITEs needs an ACK; the single QP's ACKs
+    // cover several WRITEs each. The goodput ratio is the product of the two frame
+    // ratios.
+    for stream in ["single_frames", "many_frames"] {
         let f = &r[stream];
         let writes = f["writes"].as_f64().unwrap();
         assert!(writes >= 1.0, "{stream}: {f}");
@@ -1728,11 +1730,10 @@ fn bench_qps_serves_every_qp_and_measures_what_an_idle_one_costs() {
             f["a_sent"].as_f64().unwrap() >= 4.0 * writes,
             "{stream}: {f}"
         );
-        assert!(
-            f["acks_per_write"].as_f64().unwrap() >= acks,
-            "{stream}: {f}"
-        );
     }
+    let acks = |stream: &str| r[stream]["acks_per_write"].as_f64().unwrap();
+    assert!(acks("many_frames") >= 1.0, "{r}");
+    assert!(acks("single_frames") < 1.0, "{r}");
     let product =
         r["frame_rate_ratio"].as_f64().unwrap() * r["frames_per_write_ratio"].as_f64().unwrap();
     assert!((product - r["ratio"].as_f64().unwrap()).abs() < 1e-6, "{r}");
@@ -1837,7 +1838,7 @@ fn bench_send_prints_one_test_as_perftest_does() {
     );
     assert!(text.contains("raw AF_XDP, 1082-byte frames"), "{text}");
     assert!(
-        text.contains("before and after each repetition's streams, moved by up to"),
+        text.contains("before and after each repetition's streams, which differed by up to"),
         "{text}"
     );
     assert!(
