@@ -796,6 +796,11 @@ impl PostCount {
     fn posted(&self) -> u64 {
         self.posted.load(Ordering::SeqCst)
     }
+
+    /// WRs posted and not yet finished by `done`'s current count.
+    fn outstanding(&self, done: &AtomicU64) -> u64 {
+        self.posted().saturating_sub(done.load(Ordering::SeqCst))
+    }
 }
 
 /// A queue pair.
@@ -827,10 +832,7 @@ impl Qp {
 
     /// Send WRs posted and not yet completed.
     fn sq_used(&self) -> u64 {
-        self.sh
-            .sq_posted
-            .posted()
-            .saturating_sub(self.sh.sq_done.load(Ordering::SeqCst))
+        self.sh.sq_posted.outstanding(&self.sh.sq_done)
     }
 
     /// The checks `post_send` makes of a WR (the QP's state, the WR against the QP's
@@ -985,10 +987,7 @@ impl Srq {
 
     /// Receive WRs posted and not yet taken by a QP.
     pub fn outstanding(&self) -> u64 {
-        self.sh
-            .posted
-            .posted()
-            .saturating_sub(self.sh.done.load(Ordering::SeqCst))
+        self.sh.posted.outstanding(&self.sh.done)
     }
 }
 

@@ -111,11 +111,7 @@ pub struct GoodputPoint {
     pub frame_bytes: usize,
     pub frames_per_msg: u64,
     pub depth: usize,
-    /// Raw frames per second the receiver took, per repetition: the mean of the
-    /// measurements before and after the repetition's streams (below), what the rings
-    /// did around them.
-    pub raw_pps: Vec<f64>,
-    /// The raw rate before each repetition's streams (the first repetition's measured
+    /// Raw frames per second the receiver took, before each repetition's streams (the first repetition's measured
     /// for it, each later one's the previous repetition's closing measurement) and
     /// after them. This machine's rates drift within seconds (the host moves its
     /// vCPUs); a ceiling measured on one side of the streams only can be off by the
@@ -142,7 +138,17 @@ impl GoodputPoint {
 
     /// The raw rate as payload Gbit/s (what the frames would carry of this message).
     pub fn raw_gbps(&self) -> f64 {
-        self.payload_gbps(&self.raw_pps)
+        self.payload_gbps(&self.raw_pps())
+    }
+
+    /// The raw rate of each repetition: the mean of the measurements before and after
+    /// its streams, what the rings did around them.
+    pub fn raw_pps(&self) -> Vec<f64> {
+        self.raw_before
+            .iter()
+            .zip(&self.raw_after)
+            .map(|(b, a)| (b + a) / 2.0)
+            .collect()
     }
 
     /// The kernel UDP rate as payload Gbit/s.
@@ -179,11 +185,9 @@ impl GoodputPoint {
         Ok(())
     }
 
-    /// Records the raw rate measured after repetition `rep`'s streams; that
-    /// repetition's ceiling is the mean of it and the one before them.
-    fn close_rep(&mut self, rep: usize, after: f64) {
+    /// Records the raw rate measured after a repetition's streams.
+    fn close_rep(&mut self, after: f64) {
         self.raw_after.push(after);
-        self.raw_pps.push((self.raw_before[rep] + after) / 2.0);
     }
 
     /// How far the raw rate moved across each repetition: |after - before| over their
@@ -198,7 +202,7 @@ impl GoodputPoint {
 
     /// Median over repetitions of RC frames/s over raw frames/s in the same repetition.
     pub fn ratio(&self, op: Stream) -> f64 {
-        self.rep_ratio(op, &self.raw_pps, self.frames_per_msg as f64)
+        self.rep_ratio(op, &self.raw_pps(), self.frames_per_msg as f64)
     }
 
     /// Median over repetitions of RC frames/s over the reading receiver's raw frames/s.
@@ -273,7 +277,7 @@ impl GoodputReport {
                     size_name(p.size),
                     p.frame_bytes,
                     p.depth,
-                    median(p.raw_pps.clone()) / 1e6,
+                    median(p.raw_pps()) / 1e6,
                     p.raw_gbps(),
                     median(p.raw_read_pps.clone()) / 1e6,
                     p.udp_gbps()
@@ -372,7 +376,7 @@ impl GoodputReport {
                          \x20kernel UDP, {}-byte datagrams (sendmmsg/recvmmsg): {:.2} Gb/sec; \
                          {} / UDP = {:.2}\n",
                         p.frame_bytes,
-                        median(p.raw_pps.clone()) / 1e6,
+                        median(p.raw_pps()) / 1e6,
                         p.raw_gbps(),
                         p.raw_drift().into_iter().fold(0.0, f64::max) * 100.0,
                         op.name(),
@@ -426,7 +430,7 @@ impl super::BenchReport for GoodputReport {
                     "frame_bytes": p.frame_bytes,
                     "frames_per_msg": p.frames_per_msg,
                     "depth": p.depth,
-                    "raw_pps": p.raw_pps,
+                    "raw_pps": p.raw_pps(),
                     "raw_pps_before": p.raw_before,
                     "raw_pps_after": p.raw_after,
                     "raw_gbps": p.raw_gbps(),
@@ -494,7 +498,6 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 frame_bytes: f.len(),
                 frames_per_msg: size.div_ceil(m) as u64,
                 depth: o.depth_for(size),
-                raw_pps: Vec::new(),
                 raw_before: Vec::new(),
                 raw_after: Vec::new(),
                 raw_read_pps: Vec::new(),
@@ -548,7 +551,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             drop((a, b));
             for ((p, f), ops) in points.iter_mut().zip(&frames).zip(lines) {
                 let after = raw_rate(&pair, f, o.raw_frames)?;
-                p.close_rep(rep, after);
+                p.close_rep(after);
                 say(&format!(
                     "  rep {} {}: raw {:.3} Mpps before, {:.3} after, reading {:.3}, UDP {:.3} \
                      Mpps{ops}",
@@ -593,7 +596,6 @@ mod tests {
             frame_bytes: 1082,
             frames_per_msg: 64,
             depth: 64,
-            raw_pps: Vec::new(),
             raw_before: Vec::new(),
             raw_after: Vec::new(),
             raw_read_pps: vec![0.9e6; 3],
@@ -610,19 +612,19 @@ mod tests {
             payload_per_frame: 1024,
         };
         let mut measured = 0;
-        for (rep, after) in [0.6e6, 0.6e6, 0.8e6].into_iter().enumerate() {
+        for after in [0.6e6, 0.6e6, 0.8e6] {
             p.open_rep(|| {
                 measured += 1;
                 Ok(1.0e6)
             })
             .unwrap();
-            p.close_rep(rep, after);
+            p.close_rep(after);
         }
         // Measured once; later repetitions reuse the closing rate.
         assert_eq!(measured, 1);
         assert_eq!(p.raw_before, [1.0e6, 0.6e6, 0.6e6]);
-        for (got, want) in p.raw_pps.iter().zip([0.8e6, 0.6e6, 0.7e6]) {
-            assert!((got - want).abs() < 1e-3, "{:?}", p.raw_pps);
+        for (got, want) in p.raw_pps().iter().zip([0.8e6, 0.6e6, 0.7e6]) {
+            assert!((got - want).abs() < 1e-3, "{:?}", p.raw_pps());
         }
         let drift = p.raw_drift();
         for (got, want) in drift.iter().zip([0.5, 0.0, 0.2 / 0.7]) {

@@ -838,8 +838,8 @@ mod tests {
     use super::{line_round_trip, probe_note};
     use std::time::Duration;
 
-    /// The probe bounces a line between two cores and times it; an answer that never
-    /// comes (a broken handshake) gives no figure rather than a wrong one.
+    /// The probe bounces a line between two cores and times it; a side that cannot be
+    /// pinned (a CPU that does not exist) gives no figure rather than a wrong one.
     #[test]
     fn a_line_bounced_between_two_cores_has_a_round_trip() {
         let cpus = crate::host::allowed_cpus();

@@ -97,9 +97,13 @@ impl StreamFrames {
     pub fn acks_per_write(&self) -> f64 {
         self.b_sent as f64 / self.writes.max(1) as f64
     }
+    /// WRITEs completed per second.
+    pub fn writes_per_sec(&self) -> f64 {
+        self.writes as f64 / self.secs.max(1e-9)
+    }
     /// Goodput of WRITEs of `size` bytes.
     pub fn gbps(&self, size: usize) -> f64 {
-        (self.writes * size as u64) as f64 * 8.0 / self.secs.max(1e-9) / 1e9
+        self.writes_per_sec() * size as f64 * 8.0 / 1e9
     }
     /// Two streams' frames as one stream's.
     pub fn plus(&self, o: &StreamFrames) -> StreamFrames {
@@ -115,16 +119,12 @@ impl StreamFrames {
 /// One repetition.
 #[derive(Debug, Clone, Copy)]
 pub struct QpsRep {
-    /// Goodput of one QP, and of all N. The one QP streams before and after the N (the
-    /// stream after a repetition opens the next one); `single_gbps` is the two streams
-    /// pooled, what the N are measured against, as this VM's rates drift within
+    /// What each stream put on the link. The one QP streams before and after the N
+    /// (the stream after a repetition opens the next one); the N are measured against
+    /// the two pooled ([`Self::single_frames`]), as this VM's rates drift within
     /// seconds.
-    pub single_gbps: f64,
-    pub many_gbps: f64,
-    pub single_before_gbps: f64,
-    pub single_after_gbps: f64,
-    /// What each stream put on the link.
-    pub single_frames: StreamFrames,
+    pub single_before: StreamFrames,
+    pub single_after: StreamFrames,
     pub many_frames: StreamFrames,
     /// Of the N: how many completed a WRITE, and the fewest and most WRITEs one did.
     pub active: usize,
@@ -137,19 +137,24 @@ pub struct QpsRep {
 }
 
 impl QpsRep {
+    /// The one QP's two streams pooled.
+    pub fn single_frames(&self) -> StreamFrames {
+        self.single_before.plus(&self.single_after)
+    }
+    /// The N QPs' goodput over the one QP's (both write the same size).
     pub fn ratio(&self) -> f64 {
-        self.many_gbps / self.single_gbps.max(1e-9)
+        self.many_frames.writes_per_sec() / self.single_frames().writes_per_sec().max(1e-9)
     }
     /// The N QPs' frames per second (both ways) over the one QP's: what a frame cost
     /// them, inverted.
     pub fn frame_rate_ratio(&self) -> f64 {
-        self.many_frames.per_sec() / self.single_frames.per_sec().max(1e-9)
+        self.many_frames.per_sec() / self.single_frames().per_sec().max(1e-9)
     }
     /// The one QP's frames per WRITE over the N QPs': the ratio a link that moves a
     /// fixed number of frames a second would allow. The goodput ratio is this times
     /// [`Self::frame_rate_ratio`] (both streams write the same size).
     pub fn frames_per_write_ratio(&self) -> f64 {
-        self.single_frames.per_write() / self.many_frames.per_write().max(1e-9)
+        self.single_frames().per_write() / self.many_frames.per_write().max(1e-9)
     }
 }
 
@@ -210,14 +215,14 @@ impl super::BenchReport for QpsReport {
                 "{:<4} {:>11.2}  {:>12.2}  {:>5.2}  {:>12.2}  {:>14.2}  {:>16}  {:>10}  {:>27}  \
                  {:>6}  {:>7}\n",
                 i + 1,
-                r.single_gbps,
-                r.many_gbps,
+                r.single_frames().gbps(o.size),
+                r.many_frames.gbps(o.size),
                 r.ratio(),
                 r.frame_rate_ratio(),
                 r.frames_per_write_ratio(),
                 format!(
                     "{:.2} / {:.2}",
-                    r.single_frames.acks_per_write(),
+                    r.single_frames().acks_per_write(),
                     r.many_frames.acks_per_write()
                 ),
                 r.active,
@@ -259,10 +264,10 @@ impl super::BenchReport for QpsReport {
             "stream_secs": o.stream.as_secs_f64(),
             "link": self.link,
             "reps": self.reps.iter().map(|r| serde_json::json!({
-                "single_gbps": r.single_gbps,
-                "single_before_gbps": r.single_before_gbps,
-                "single_after_gbps": r.single_after_gbps,
-                "many_gbps": r.many_gbps,
+                "single_gbps": r.single_frames().gbps(o.size),
+                "single_before_gbps": r.single_before.gbps(o.size),
+                "single_after_gbps": r.single_after.gbps(o.size),
+                "many_gbps": r.many_frames.gbps(o.size),
                 "ratio": r.ratio(),
                 "active_qps": r.active,
                 "fewest_writes": r.fewest,
@@ -271,7 +276,7 @@ impl super::BenchReport for QpsReport {
                 "rx_no_room": r.rx_no_room,
                 "frame_rate_ratio": r.frame_rate_ratio(),
                 "frames_per_write_ratio": r.frames_per_write_ratio(),
-                "single_frames": frames_json(&r.single_frames),
+                "single_frames": frames_json(&r.single_frames()),
                 "many_frames": frames_json(&r.many_frames),
             })).collect::<Vec<_>>(),
             "median_ratio": self.median_ratio(),
@@ -578,13 +583,9 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
         let many_frames = frames(s1, sent()?, &many);
         let after = counts()?;
         let closing = single_stream()?;
-        let single = opening.plus(&closing);
         let r = QpsRep {
-            single_gbps: single.gbps(o.size),
-            many_gbps: many.gbps(),
-            single_before_gbps: opening.gbps(o.size),
-            single_after_gbps: closing.gbps(o.size),
-            single_frames: single,
+            single_before: opening,
+            single_after: closing,
             many_frames,
             active: per_qp.iter().filter(|&&n| n > 0).count(),
             fewest: per_qp.iter().copied().min().unwrap_or(0),
@@ -598,15 +599,15 @@ pub fn qps(o: &QpsOpts, say: &mut dyn FnMut(&str)) -> Result<QpsReport, String> 
              QP, {:.2} with {}), {} WRITEs per QP at least, {} at most, {} packets resent, {} \
              frames B had no room for{}",
             rep + 1,
-            r.single_gbps,
-            r.single_before_gbps,
-            r.single_after_gbps,
+            r.single_frames().gbps(o.size),
+            r.single_before.gbps(o.size),
+            r.single_after.gbps(o.size),
             o.qps,
-            r.many_gbps,
+            r.many_frames.gbps(o.size),
             r.ratio(),
             r.frame_rate_ratio(),
             r.frames_per_write_ratio(),
-            r.single_frames.acks_per_write(),
+            r.single_frames().acks_per_write(),
             r.many_frames.acks_per_write(),
             o.qps,
             r.fewest,
@@ -644,21 +645,19 @@ mod tests {
     }
 
     /// The counts of one repetition of `bench qps` on the AMD machine (4 KiB WRITEs at
-    /// IB MTU 1024; taken before the one QP streamed on both sides of the N, so its
-    /// figures are one 0.5 s stream's): the goodput ratio splits exactly into its two
-    /// factors.
+    /// IB MTU 1024; taken before the one QP streamed on both sides of the N, so its one
+    /// 0.5 s stream is split here in two halves): the goodput ratio splits exactly into
+    /// its two factors.
     #[test]
     fn the_goodput_ratio_is_the_frame_rate_ratio_times_the_frames_per_write_ratio() {
-        let (single, many) = (
-            frames(68_560, 274_368, 17_173, 0.500),
+        let (before, after, many) = (
+            frames(34_280, 137_184, 8_586, 0.250),
+            frames(34_280, 137_184, 8_587, 0.250),
             frames(56_519, 226_076, 56_519, 0.508),
         );
         let r = QpsRep {
-            single_gbps: single.gbps(4096),
-            many_gbps: many.gbps(4096),
-            single_before_gbps: single.gbps(4096),
-            single_after_gbps: single.gbps(4096),
-            single_frames: single,
+            single_before: before,
+            single_after: after,
             many_frames: many,
             active: 1000,
             fewest: 56,
@@ -666,7 +665,12 @@ mod tests {
             retransmitted: 0,
             rx_no_room: 0,
         };
-        assert!((r.single_gbps - 4.4931).abs() < 1e-3, "{r:?}");
+        assert_eq!(r.single_frames(), frames(68_560, 274_368, 17_173, 0.5));
+        assert!(
+            (r.single_frames().gbps(4096) - 4.4931).abs() < 1e-3,
+            "{r:?}"
+        );
+        assert!((r.ratio() - 0.8114).abs() < 1e-3, "{r:?}");
         assert!((r.ratio() - r.frame_rate_ratio() * r.frames_per_write_ratio()).abs() < 1e-9);
         assert!((r.frames_per_write_ratio() - 0.8505).abs() < 1e-3, "{r:?}");
         assert!((r.frame_rate_ratio() - 0.9540).abs() < 1e-3, "{r:?}");
