@@ -14,11 +14,31 @@ gate() {
     done
     exit 1
 }
+# rxe_for COMMAND: rdma_rxe opens its UDP socket on port 4791 when it loads and holds it
+# until it unloads, so a roce-xdp step on the UDP link (`--link udp`) runs with the
+# module unloaded; any other step gets it back with rxe0 on eth0, as /init made it.
+rxe_for() {
+    case "$1" in
+        *"--link udp"*)
+            if grep -q '^rdma_rxe ' /proc/modules; then
+                rdma link delete rxe0 2>/dev/null
+                rmmod rdma_rxe || echo "RXI: rmmod rdma_rxe failed"
+            fi ;;
+        *)
+            if ! grep -q '^rdma_rxe ' /proc/modules; then
+                if ! insmod "/lib/modules/$(grep rdma_rxe /etc/modules.order)" \
+                    || ! rdma link add rxe0 type rxe netdev eth0; then
+                    echo "RXI: rdma_rxe back failed"
+                fi
+            fi ;;
+    esac
+}
 # bstep ID server|client PORT TIMEOUT COMMAND
 bstep() {
     id=$1 role=$2 port=$3 tmo=$4
     shift 4
     gate "$id"
+    rxe_for "$*"
     echo "RXI: BEGIN $id"
     cpustat eth0 100 > /tmp/samples 2>&1 &
     sp=$!

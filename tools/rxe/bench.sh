@@ -19,7 +19,8 @@
 # the same round, median (min-max) of the rounds, beside the target of issue 11.
 # IB MTU 1024 only: the guest kernel's virtio-net has no multi-buffer XDP, which MTU
 # 4096 frames need. ROCE_RXE_BENCH_RUN adds options to every `roce-xdp run` (to compare
-# modes in the same image: "--caller-rounds off", "--busy-poll").
+# modes in the same image: "--caller-rounds off", "--busy-poll", "--link udp"; a step on
+# the UDP link runs with rdma_rxe unloaded in its VM, since rxe holds UDP port 4791).
 # ROCE_RXE_BENCH_PERF=1 puts the host's perf into the VMs and profiles both of them
 # (all CPUs, call graphs, 499 Hz) through every write_bw step: the report of each goes to
 # $OUT/perf-ID-PAIRING-vmN.txt (use --keep). It slows the VMs: its figures are not
