@@ -1650,6 +1650,29 @@ fn bench_goodput_reports_every_verb_beside_its_raw_frame_rate() {
             assert!(p["raw_read_pps"][0].as_f64().unwrap() > 0.0);
             assert!(p["udp_pps"][0].as_f64().unwrap() > 0.0);
             assert_eq!(p["udp_payload"].as_u64(), Some(size.min(mtu)));
+            // READ's raw echo: a READ REQUEST (RETH) out, READ RESPONSE frames back (ONLY
+            // with its AETH, or full-MTU MIDDLEs), as many outstanding as a window of
+            // 128 PSNs holds and the stream has in flight.
+            let e = &p["raw_echo"];
+            assert_eq!(e["request_bytes"].as_u64(), Some(14 + 20 + 8 + 12 + 16 + 4));
+            let response = if size <= mtu {
+                14 + 20 + 8 + 12 + 4 + size + 4
+            } else {
+                14 + 20 + 8 + 12 + mtu + 4
+            };
+            assert_eq!(e["response_bytes"].as_u64(), Some(response), "{e}");
+            let per = size.div_ceil(mtu);
+            assert_eq!(e["frames_per_request"].as_u64(), Some(per), "{e}");
+            let depth = p["depth"].as_u64().unwrap();
+            assert_eq!(
+                e["window"].as_u64(),
+                Some((128 / per).clamp(1, depth)),
+                "{e}"
+            );
+            assert!(e["requests_per_sec"][0].as_f64().unwrap() > 0.0, "{e}");
+            assert!(e["stalls"][0].is_u64(), "{e}");
+            assert!(p["ops"]["READ"]["ratio_to_raw_echo"].as_f64().unwrap() > 0.0);
+            assert!(p["ops"]["WRITE"]["ratio_to_raw_echo"].is_null());
             for op in ["WRITE", "READ", "SEND"] {
                 let f = &p["ops"][op];
                 let (gbps, rate) = (
@@ -1767,17 +1790,14 @@ fn bench_alone_runs_every_part_and_prints_each_ratio_beside_its_target() {
     }
     assert_eq!(j["udp_link"]["engine_link"], "udp");
     let h = j["headlines"].as_array().unwrap();
-    // 64 KiB W/R/S at two MTUs against both raw ceilings, 64 B W/R/S, three SEND and
-    // three WRITE round trips over the kernel's UDP and two over the raw AF_XDP echo,
-    // one UDP-link goodput, two loss rates, 1000 QPs.
-    assert_eq!(h.len(), 6 + 6 + 3 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
-    assert_eq!(
-        h.iter()
-            .filter(|x| x["over"] == "raw frames, receiver reading")
-            .count(),
-        6,
-        "{h:?}"
-    );
+    // 64 KiB W/R/S at two MTUs against both raw ceilings, 64 KiB READ at two MTUs and
+    // 64 B READ against the READ-shaped raw echo, 64 B W/R/S, three SEND and three WRITE
+    // round trips over the kernel's UDP and two over the raw AF_XDP echo, one UDP-link
+    // goodput, two loss rates, 1000 QPs.
+    assert_eq!(h.len(), 6 + 6 + 3 + 3 + 3 + 3 + 2 + 1 + 2 + 1, "{h:?}");
+    let over = |what: &str| h.iter().filter(|x| x["over"] == what).count();
+    assert_eq!(over("raw frames, receiver reading"), 6, "{h:?}");
+    assert_eq!(over("raw echo, READ-shaped, both ways"), 3, "{h:?}");
     for x in h {
         assert!(x["ratio"].as_f64().unwrap() > 0.0, "{x}");
         assert_eq!(x["met"].is_boolean(), !x["target"].is_null(), "{x}");

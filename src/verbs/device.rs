@@ -157,6 +157,9 @@ pub struct DeviceConfig {
     pub udp_link: bool,
 }
 
+/// [`DeviceConfig::max_inflight_psns`] unless set otherwise.
+pub const DEFAULT_MAX_INFLIGHT_PSNS: u32 = 128;
+
 impl DeviceConfig {
     /// A device with one IPv4 address, IB MTU 1024 and default limits.
     pub fn new(mac: [u8; 6], ipv4: Ipv4Addr) -> DeviceConfig {
@@ -169,7 +172,7 @@ impl DeviceConfig {
             limits: DeviceLimits::default(),
             seed: 0x5eed,
             retry_cnt_7_infinite: false,
-            max_inflight_psns: 128,
+            max_inflight_psns: DEFAULT_MAX_INFLIGHT_PSNS,
             ack_req_interval: 128,
             udp_link: false,
         }

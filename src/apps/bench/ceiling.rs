@@ -13,12 +13,14 @@ use crate::link::xdp::{XdpConfig, XdpLink};
 use crate::netns::Pair;
 use crate::verbs::Mtu;
 use crate::wire::{
-    BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT, RethRepr,
-    RoceRepr, UdpRepr,
+    AethRepr, BthRepr, EthRepr, ExtRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, Psn, ROCE_V2_PORT,
+    RethRepr, RoceRepr, Syndrome, UdpRepr,
 };
 use crossbeam::channel as mpsc;
-use std::net::{IpAddr, Ipv4Addr};
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// What `bench ceiling` does.
 #[derive(Debug, Clone)]
@@ -208,22 +210,73 @@ pub(super) fn raw_frame_from(
     mtu: Mtu,
     size: usize,
 ) -> Result<Vec<u8>, String> {
-    let (from, to, ip_from, ip_to) = if from_a {
-        (&pair.a, &pair.b, pair.ip_a, pair.ip_b)
-    } else {
-        (&pair.b, &pair.a, pair.ip_b, pair.ip_a)
-    };
     let full = size >= mtu.bytes() as usize;
     let payload = vec![0x3cu8; size.min(mtu.bytes() as usize)];
     let (opcode, reth) = if full {
         (Opcode::RC_RDMA_WRITE_MIDDLE, None)
     } else {
-        let reth = RethRepr {
-            va: 0x10000,
-            rkey: 0x1234,
-            dma_len: size as u32,
+        (Opcode::RC_RDMA_WRITE_ONLY, Some(raw_reth(size)))
+    };
+    let ext = ExtRepr {
+        reth,
+        ..ExtRepr::default()
+    };
+    emit_raw(pair, from_a, opcode, ext, &payload)
+}
+
+/// The two frames of an RC READ of `size` bytes at `mtu`, for [`raw_echo_rate`]: the
+/// request A sends (a READ REQUEST with its RETH), and the response frame B sends most
+/// of (a READ RESPONSE ONLY with its AETH for a message that fits one frame, else a
+/// MIDDLE of a full MTU); and how many response frames a request brings back.
+pub(super) fn raw_read_frames(
+    pair: &Pair,
+    mtu: Mtu,
+    size: usize,
+) -> Result<(Vec<u8>, Vec<u8>, u64), String> {
+    let m = mtu.bytes() as usize;
+    let request = ExtRepr {
+        reth: Some(raw_reth(size)),
+        ..ExtRepr::default()
+    };
+    let request = emit_raw(pair, true, Opcode::RC_RDMA_READ_REQUEST, request, &[])?;
+    let (opcode, aeth) = if size > m {
+        (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, None)
+    } else {
+        let aeth = AethRepr {
+            syndrome: Syndrome::ACK,
+            msn: 1,
         };
-        (Opcode::RC_RDMA_WRITE_ONLY, Some(reth))
+        (Opcode::RC_RDMA_READ_RESPONSE_ONLY, Some(aeth))
+    };
+    let ext = ExtRepr {
+        aeth,
+        ..ExtRepr::default()
+    };
+    let response = emit_raw(pair, false, opcode, ext, &vec![0x3cu8; size.clamp(1, m)])?;
+    Ok((request, response, size.div_ceil(m).max(1) as u64))
+}
+
+fn raw_reth(size: usize) -> RethRepr {
+    RethRepr {
+        va: 0x10000,
+        rkey: 0x1234,
+        dma_len: size as u32,
+    }
+}
+
+/// One frame from A to B (`from_a`) or back, to a QP nobody has (only the other side's
+/// ring code sees it).
+fn emit_raw(
+    pair: &Pair,
+    from_a: bool,
+    opcode: Opcode,
+    ext: ExtRepr,
+    payload: &[u8],
+) -> Result<Vec<u8>, String> {
+    let (from, to, ip_from, ip_to) = if from_a {
+        (&pair.a, &pair.b, pair.ip_a, pair.ip_b)
+    } else {
+        (&pair.b, &pair.a, pair.ip_b, pair.ip_a)
     };
     let repr = FrameRepr {
         eth: EthRepr {
@@ -239,11 +292,8 @@ pub(super) fn raw_frame_from(
         },
         roce: RoceRepr {
             bth: BthRepr::new(opcode, 0x7f_0001, Psn::new(1)),
-            ext: ExtRepr {
-                reth,
-                ..ExtRepr::default()
-            },
-            payload: &payload,
+            ext,
+            payload,
         },
     };
     let mut f = vec![0u8; 9216];
@@ -269,6 +319,33 @@ pub(super) enum RawRx {
 /// caches, as registered memory usually is).
 const READ_BUF: usize = 4 << 20;
 
+/// Opens side `side`'s raw link (0: A, 1: B) of `pair`, in the thread that calls it:
+/// pinned to that side's core, in its namespace.
+fn side_opener(pair: &Pair, side: usize) -> impl FnOnce() -> Result<XdpLink, String> + use<> {
+    let (ns, ip) = if side == 0 {
+        (pair.a.name.clone(), pair.ip_a)
+    } else {
+        (pair.b.name.clone(), pair.ip_b)
+    };
+    let ifname = pair.ifname.clone();
+    move || {
+        super::pin_side(side);
+        crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;
+        XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
+    }
+}
+
+/// Opens a link with `open` and says on `ready` whether it did: the other side starts
+/// sending only once this one can receive.
+fn open_and_report(
+    open: impl FnOnce() -> Result<XdpLink, String>,
+    ready: &mpsc::Sender<Result<(), String>>,
+) -> Result<XdpLink, String> {
+    let link = open();
+    let _ = ready.send(link.as_ref().map(|_| ()).map_err(Clone::clone));
+    link
+}
+
 /// Sends `count` copies of `frame` from A's AF_XDP link as fast as the rings take them
 /// and counts what B's link receives: frames per second from B's first to its last.
 pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, String> {
@@ -277,26 +354,10 @@ pub(super) fn raw_rate(pair: &Pair, frame: &[u8], count: u64) -> Result<f64, Str
 
 /// As [`raw_rate`], with B's receiver doing `rx` with each frame.
 pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> Result<f64, String> {
-    let open = |side: usize, ns: String, ifname: String, ip: Ipv4Addr| {
-        move || -> Result<XdpLink, String> {
-            super::pin_side(side);
-            crate::host::enter_netns(&ns).map_err(|e| e.to_string())?;
-            XdpLink::open(&ifname, &[IpAddr::V4(ip)], &XdpConfig::default())
-        }
-    };
     let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
-    let open_b = open(1, pair.b.name.clone(), pair.ifname.clone(), pair.ip_b);
+    let open_b = side_opener(pair, 1);
     let receiver = std::thread::spawn(move || -> Result<(u64, Duration), String> {
-        let mut link = match open_b() {
-            Ok(l) => {
-                let _ = ready_tx.send(Ok(()));
-                l
-            }
-            Err(e) => {
-                let _ = ready_tx.send(Err(e.clone()));
-                return Err(e);
-            }
-        };
+        let mut link = open_and_report(open_b, &ready_tx)?;
         match rx {
             RawRx::Count => super::count_arrivals(count, || Ok(link.recv(256, &mut |_| {}) as u64)),
             RawRx::Read => {
@@ -323,7 +384,7 @@ pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> R
     ready_rx
         .recv()
         .map_err(|_| "the raw receiver ended".to_string())??;
-    let open_a = open(0, pair.a.name.clone(), pair.ifname.clone(), pair.ip_a);
+    let open_a = side_opener(pair, 0);
     let frame = frame.to_vec();
     let sender = std::thread::spawn(move || -> Result<(), String> {
         let mut link = open_a()?;
@@ -337,6 +398,155 @@ pub(super) fn raw_rate_rx(pair: &Pair, frame: &[u8], count: u64, rx: RawRx) -> R
         .join()
         .map_err(|_| "the raw receiver panicked".to_string())??;
     super::arrival_rate(got, span, count, "raw frames")
+}
+
+/// What [`raw_echo_rate`] measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Echo {
+    /// Requests answered per second, from the first answer's arrival to the last's.
+    pub rps: f64,
+    /// Times the answers stopped with requests outstanding (frames the kernel dropped,
+    /// which a raw echo does not send again): the outstanding ones were written off.
+    pub stalls: u64,
+}
+
+/// How long the asker waits for an outstanding answer before writing it off.
+const ECHO_STALL: Duration = Duration::from_millis(5);
+
+/// Requests a raw echo keeps outstanding, as the RC READ stream it stands beside may:
+/// its messages in flight (`depth`), and no more response frames than a requester's
+/// PSN window holds (`window_psns`, the device's `max_inflight_psns`).
+pub(super) fn echo_window(frames_per_request: u64, depth: usize, window_psns: u32) -> u64 {
+    (u64::from(window_psns) / frames_per_request.max(1)).clamp(1, depth.max(1) as u64)
+}
+
+/// The raw rings' rate of a READ stream: A sends `request` frames to B with at most
+/// `window` unanswered, and B answers each with `per_request` copies of `response`, each
+/// side one thread, pinned, that sends and receives on one link as an engine does. A
+/// one-way stream leaves the receiver's socket to receive only; here each socket also
+/// sends, from the other core than the one the kernel receives into it on.
+pub(super) fn raw_echo_rate(
+    pair: &Pair,
+    request: &[u8],
+    response: &[u8],
+    per_request: u64,
+    count: u64,
+    window: u64,
+) -> Result<Echo, String> {
+    let per_request = per_request.max(1);
+    let window = window.max(1);
+    let done = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::bounded::<Result<(), String>>(1);
+    let open_b = side_opener(pair, 1);
+    let response = response.to_vec();
+    let echo_done = done.clone();
+    let echo = std::thread::spawn(move || -> Result<(), String> {
+        let mut link = open_and_report(open_b, &ready_tx)?;
+        let mut owe = 0u64;
+        let start = Instant::now();
+        let mut last = start;
+        while start.elapsed() < Duration::from_secs(30) {
+            let n = link.recv(256, &mut |_| {}) as u64;
+            owe += n * per_request;
+            let sent = if owe > 0 {
+                let k = link.send(&mut |mut buf| {
+                    if owe == 0 || !buf.write(&response) {
+                        return None;
+                    }
+                    owe -= 1;
+                    Some(response.len())
+                });
+                link.flush();
+                k
+            } else {
+                0
+            };
+            if n > 0 || sent > 0 {
+                last = Instant::now();
+            } else if link.tx_pending() {
+                // Copy mode takes a budget of descriptors per kick: kick again.
+                link.flush();
+            } else if echo_done.load(Ordering::SeqCst) || last.elapsed() > Duration::from_secs(1) {
+                break;
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        for _ in 0..1000 {
+            link.flush();
+            if !link.tx_pending() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    ready_rx
+        .recv()
+        .map_err(|_| "the raw echo ended".to_string())??;
+    let open_a = side_opener(pair, 0);
+    let request = request.to_vec();
+    let asker = std::thread::spawn(move || -> Result<(u64, Duration, u64), String> {
+        let mut link = open_a()?;
+        // Requests sent and response frames received, since the start or the last
+        // write-off; requests answered before it.
+        let (mut sent, mut frames, mut banked, mut stalls) = (0u64, 0u64, 0u64, 0u64);
+        let start = Instant::now();
+        let (mut first, mut last) = (None::<Instant>, start);
+        let mut progress = start;
+        while banked + frames / per_request < count && start.elapsed() < Duration::from_secs(30) {
+            let answered = frames / per_request;
+            let mut room = window
+                .saturating_sub(sent - answered)
+                .min(count.saturating_sub(banked + sent));
+            let queued = if room > 0 {
+                let k = link.send(&mut |mut buf| {
+                    if room == 0 || !buf.write(&request) {
+                        return None;
+                    }
+                    room -= 1;
+                    sent += 1;
+                    Some(request.len())
+                });
+                link.flush();
+                k
+            } else {
+                0
+            };
+            let n = link.recv(256, &mut |_| {}) as u64;
+            let now = Instant::now();
+            if n > 0 {
+                first.get_or_insert(now);
+                last = now;
+                progress = now;
+                frames += n;
+            } else if sent > answered && now - progress > ECHO_STALL {
+                // Frames were lost: write the outstanding requests off and go on.
+                stalls += 1;
+                banked += answered;
+                (sent, frames, progress) = (0, 0, now);
+            } else if link.tx_pending() {
+                link.flush();
+            } else if queued == 0 {
+                std::thread::yield_now();
+            }
+        }
+        Ok((
+            banked + frames / per_request,
+            first.map_or(Duration::ZERO, |f| last - f),
+            stalls,
+        ))
+    });
+    let asked = asker
+        .join()
+        .map_err(|_| "the raw asker panicked".to_string());
+    done.store(true, Ordering::SeqCst);
+    echo.join()
+        .map_err(|_| "the raw echo panicked".to_string())??;
+    let (got, span, stalls) = asked??;
+    Ok(Echo {
+        rps: super::arrival_rate(got, span, count, "echoed requests")?,
+        stalls,
+    })
 }
 
 /// RC WRITE then READ streams of 64 KiB messages, `span` each, between engines in the

@@ -22,11 +22,14 @@
 //! `ib_*_bw` prints its result, with the raw ceiling beside it.
 
 use super::super::workload::Stream;
-use super::ceiling::{RawRx, raw_frame, raw_rate, raw_rate_rx};
+use super::ceiling::{
+    RawRx, echo_window, raw_echo_rate, raw_frame, raw_rate, raw_rate_rx, raw_read_frames,
+};
 use super::udp::udp_rate;
 use super::{BenchLink, median};
 use crate::netns::Pair;
 use crate::verbs::Mtu;
+use crate::verbs::device::DEFAULT_MAX_INFLIGHT_PSNS;
 use std::time::Duration;
 
 /// What `bench goodput` does.
@@ -49,6 +52,9 @@ pub struct GoodputOpts {
     pub busy_poll: bool,
     /// The engines' link (the ceilings are the same either way).
     pub link: BenchLink,
+    /// Sizes whose READ stream also gets the raw echo ceiling ([`RawEcho`]; `None`:
+    /// every size). Measured only when READ is among the verbs.
+    pub echo_sizes: Option<Vec<usize>>,
 }
 
 /// 64 B to 1 MiB by factors of 4.
@@ -69,6 +75,7 @@ impl Default for GoodputOpts {
             perftest_style: false,
             busy_poll: false,
             link: BenchLink::Xdp,
+            echo_sizes: None,
         }
     }
 }
@@ -81,6 +88,12 @@ impl GoodputOpts {
         self.reps = 1;
         self.raw_frames = self.raw_frames.min(30_000);
         self
+    }
+
+    /// Whether the READ stream of `size` gets the raw echo ceiling.
+    fn echoes(&self, size: usize) -> bool {
+        self.ops.contains(&Stream::Read)
+            && self.echo_sizes.as_ref().is_none_or(|v| v.contains(&size))
     }
 
     /// Messages in flight for `size`.
@@ -101,6 +114,24 @@ pub struct OpFigures {
     /// ACK packets the responder sent per message (ACKs coalesce when the responder
     /// takes several requests in one receive batch).
     pub acks_per_msg: Vec<f64>,
+}
+
+/// The raw echo beside a READ stream (`ceiling::raw_echo_rate`): A's READ requests out,
+/// B's response frames back, as many outstanding as the READ stream may have. READ
+/// is the one verb whose frames cross the link both ways at full rate, and the raw
+/// one-way rate leaves out what that costs the kernel.
+#[derive(Debug, Clone, Default)]
+pub struct RawEcho {
+    pub request_bytes: usize,
+    pub response_bytes: usize,
+    pub frames_per_request: u64,
+    /// Requests outstanding at most.
+    pub window: u64,
+    /// Requests answered per second, per repetition.
+    pub rps: Vec<f64>,
+    /// Times per repetition the answers stopped and the outstanding requests were
+    /// written off (frames the kernel dropped).
+    pub stalls: Vec<u64>,
 }
 
 /// One message size at one MTU.
@@ -128,6 +159,8 @@ pub struct GoodputPoint {
     pub ops: Vec<(Stream, OpFigures)>,
     /// Payload bytes one raw frame carries (the message, or a full MTU).
     pub payload_per_frame: usize,
+    /// The raw echo, where READ was measured against it.
+    pub echo: Option<RawEcho>,
 }
 
 impl GoodputPoint {
@@ -208,6 +241,17 @@ impl GoodputPoint {
     /// Median over repetitions of RC frames/s over the reading receiver's raw frames/s.
     pub fn read_ratio(&self, op: Stream) -> f64 {
         self.rep_ratio(op, &self.raw_read_pps, self.frames_per_msg as f64)
+    }
+
+    /// Median over repetitions of READs per second over the raw echo's requests
+    /// answered per second in the same repetition; `None` for other verbs or where the
+    /// echo was not measured.
+    pub fn echo_ratio(&self, op: Stream) -> Option<f64> {
+        let e = self
+            .echo
+            .as_ref()
+            .filter(|e| op == Stream::Read && !e.rps.is_empty())?;
+        Some(self.rep_ratio(op, &e.rps, 1.0))
     }
 
     /// Median over repetitions of RC goodput over kernel UDP goodput in the same
@@ -294,6 +338,23 @@ impl GoodputReport {
                 }
                 s.push('\n');
             }
+            for p in &row.points {
+                let (Some(e), Some(r)) = (&p.echo, p.echo_ratio(Stream::Read)) else {
+                    continue;
+                };
+                s.push_str(&format!(
+                    "{:>8} raw echo: {}-byte READ requests answered by {} {}-byte frame(s), {} \
+                     outstanding: {:.1} K requests/s{}; READ /echo {:.2}\n",
+                    size_name(p.size),
+                    e.request_bytes,
+                    e.frames_per_request,
+                    e.response_bytes,
+                    e.window,
+                    median(e.rps.clone()) / 1e3,
+                    stalls_note(&e.stalls),
+                    r
+                ));
+            }
         }
         let drift: Vec<f64> = self
             .rows
@@ -315,7 +376,11 @@ impl GoodputReport {
              read Mpps, /read: the same frames to a receiver that reads each one (a CRC-32 pass \
              and a copy into a 4 MiB buffer), the least an engine does with a frame\n\
              /UDP: RC goodput over the kernel's UDP sockets (sendmmsg/recvmmsg, 64 per call) \
-             carrying datagrams of one frame's payload in the same repetition\n",
+             carrying datagrams of one frame's payload in the same repetition\n\
+             raw echo, /echo: READ-shaped raw frames both ways (A's requests out, B's response \
+             frames back, each side one thread that sends and receives), READs per second over \
+             requests answered per second in the same repetition: the kernel's cost of traffic \
+             both ways, which the one-way raw rate leaves out\n",
         );
         s
     }
@@ -389,10 +454,32 @@ impl GoodputReport {
                         op.name(),
                         p.udp_ratio(op)
                     ));
+                    if let (Some(e), Some(r)) = (&p.echo, p.echo_ratio(op)) {
+                        s.push_str(&format!(
+                            " raw AF_XDP echo, {}-byte READ requests answered by {} {}-byte \
+                             frame(s), {} outstanding, both sides sending and receiving: {:.4} M \
+                             requests/sec{}; READ / echo = {:.2}\n",
+                            e.request_bytes,
+                            e.frames_per_request,
+                            e.response_bytes,
+                            e.window,
+                            median(e.rps.clone()) / 1e6,
+                            stalls_note(&e.stalls),
+                            r
+                        ));
+                    }
                 }
             }
         }
         s
+    }
+}
+
+/// ", N stalls" when the echo wrote requests off, else nothing.
+fn stalls_note(stalls: &[u64]) -> String {
+    match stalls.iter().sum::<u64>() {
+        0 => String::new(),
+        n => format!(" ({n} stalls: frames lost, requests written off)"),
     }
 }
 
@@ -438,6 +525,14 @@ impl super::BenchReport for GoodputReport {
                     "udp_payload": p.payload_per_frame,
                     "udp_pps": p.udp_pps,
                     "udp_gbps": p.udp_gbps(),
+                    "raw_echo": p.echo.as_ref().map(|e| serde_json::json!({
+                        "request_bytes": e.request_bytes,
+                        "response_bytes": e.response_bytes,
+                        "frames_per_request": e.frames_per_request,
+                        "window": e.window,
+                        "requests_per_sec": e.rps,
+                        "stalls": e.stalls,
+                    })),
                     "ops": p.ops.iter().map(|(op, f)| (op.name().to_string(), serde_json::json!({
                         "gbps": f.gbps,
                         "msg_rate": f.msg_rate,
@@ -446,6 +541,7 @@ impl super::BenchReport for GoodputReport {
                         "ratio_to_raw": p.ratio(*op),
                         "ratio_to_raw_read": p.read_ratio(*op),
                         "ratio_to_udp": p.udp_ratio(*op),
+                        "ratio_to_raw_echo": p.echo_ratio(*op),
                         "acks_per_msg": f.acks_per_msg,
                     }))).collect::<serde_json::Map<_, _>>(),
                 })).collect::<Vec<_>>(),
@@ -491,8 +587,24 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         let m = mtu.bytes() as usize;
         let mut points = Vec::new();
         let mut frames = Vec::new();
+        let mut echo_frames = Vec::new();
         for &size in &o.sizes {
             let f = raw_frame(&pair, mtu, size)?;
+            let echo = if o.echoes(size) {
+                let (req, resp, per) = raw_read_frames(&pair, mtu, size)?;
+                let e = RawEcho {
+                    request_bytes: req.len(),
+                    response_bytes: resp.len(),
+                    frames_per_request: per,
+                    window: echo_window(per, o.depth_for(size), DEFAULT_MAX_INFLIGHT_PSNS),
+                    ..RawEcho::default()
+                };
+                echo_frames.push(Some((req, resp)));
+                Some(e)
+            } else {
+                echo_frames.push(None);
+                None
+            };
             points.push(GoodputPoint {
                 size,
                 frame_bytes: f.len(),
@@ -504,6 +616,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 udp_pps: Vec::new(),
                 ops: o.ops.iter().map(|&op| (op, OpFigures::default())).collect(),
                 payload_per_frame: size.min(m),
+                echo,
             });
             frames.push(f);
         }
@@ -517,12 +630,18 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         }
         for rep in 0..o.reps {
             let probe = super::CoreProbe::start();
-            for (p, f) in points.iter_mut().zip(&frames) {
+            for ((p, f), ef) in points.iter_mut().zip(&frames).zip(&echo_frames) {
                 p.open_rep(|| raw_rate(&pair, f, o.raw_frames))?;
                 p.raw_read_pps
                     .push(raw_rate_rx(&pair, f, o.raw_frames, RawRx::Read)?);
                 p.udp_pps
                     .push(udp_rate(&pair, p.payload_per_frame, o.raw_frames)?.0);
+                if let (Some(e), Some((req, resp))) = (p.echo.as_mut(), ef) {
+                    let count = (o.raw_frames / e.frames_per_request).max(2);
+                    let r = raw_echo_rate(&pair, req, resp, e.frames_per_request, count, e.window)?;
+                    e.rps.push(r.rps);
+                    e.stalls.push(r.stalls);
+                }
             }
             let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, o.busy_poll)?;
             link = a.dev.info().link.clone();
@@ -552,9 +671,16 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             for ((p, f), ops) in points.iter_mut().zip(&frames).zip(lines) {
                 let after = raw_rate(&pair, f, o.raw_frames)?;
                 p.close_rep(after);
+                let echo = p.echo.as_ref().map_or(String::new(), |e| {
+                    format!(
+                        ", READ echo {:.1} K requests/s{}",
+                        e.rps[rep] / 1e3,
+                        stalls_note(&e.stalls[rep..=rep])
+                    )
+                });
                 say(&format!(
                     "  rep {} {}: raw {:.3} Mpps before, {:.3} after, reading {:.3}, UDP {:.3} \
-                     Mpps{ops}",
+                     Mpps{echo}{ops}",
                     rep + 1,
                     size_name(p.size),
                     p.raw_before[rep] / 1e6,
@@ -610,6 +736,7 @@ mod tests {
                 },
             )],
             payload_per_frame: 1024,
+            echo: None,
         };
         let mut measured = 0;
         for after in [0.6e6, 0.6e6, 0.8e6] {
@@ -654,5 +781,91 @@ mod tests {
         let j = super::super::BenchReport::to_json(&report);
         assert_eq!(j["mtus"][0]["sizes"][0]["raw_pps_after"][2], 0.8e6);
         assert_eq!(j["mtus"][0]["sizes"][0]["raw_pps_before"][1], 0.6e6);
+    }
+
+    /// The raw echo keeps as many READs outstanding as the stream beside it may: its
+    /// messages in flight, and no more response frames than a PSN window of 128.
+    #[test]
+    fn the_echo_keeps_the_read_streams_outstanding_requests() {
+        use super::super::ceiling::echo_window;
+        // 64 B: one frame each, 128 in flight.
+        assert_eq!(echo_window(1, 128, 128), 128);
+        // 64 KiB at IB MTU 1024: 64 frames each, two fill the window; at 4096, eight.
+        assert_eq!(echo_window(64, 64, 128), 2);
+        assert_eq!(echo_window(16, 64, 128), 8);
+        // A message larger than the window still has one outstanding.
+        assert_eq!(echo_window(1024, 4, 128), 1);
+        // The stream's depth bounds it too.
+        assert_eq!(echo_window(1, 4, 128), 4);
+    }
+
+    /// READ is measured against the echo in each repetition (30 k READs a second over
+    /// 40 k and 20 k requests answered: 0.75 and 1.5; the median of two is the upper, for
+    /// the echo's rate as for the ratio); no other verb is, and both tables and the JSON
+    /// carry it.
+    #[test]
+    fn read_is_measured_against_the_raw_echo_and_printed() {
+        let figures = |rate: f64| OpFigures {
+            gbps: vec![0.1; 2],
+            msg_rate: vec![rate; 2],
+            acks_per_msg: vec![0.0; 2],
+        };
+        let p = GoodputPoint {
+            size: 64,
+            frame_bytes: 138,
+            frames_per_msg: 1,
+            depth: 128,
+            raw_before: vec![0.7e6; 2],
+            raw_after: vec![0.7e6; 2],
+            raw_read_pps: vec![0.6e6; 2],
+            udp_pps: vec![0.3e6; 2],
+            ops: vec![
+                (Stream::Write, figures(50_000.0)),
+                (Stream::Read, figures(30_000.0)),
+            ],
+            payload_per_frame: 64,
+            echo: Some(RawEcho {
+                request_bytes: 74,
+                response_bytes: 126,
+                frames_per_request: 1,
+                window: 128,
+                rps: vec![40_000.0, 20_000.0],
+                stalls: vec![0, 3],
+            }),
+        };
+        assert_eq!(p.echo_ratio(Stream::Write), None);
+        assert_eq!(p.echo_ratio(Stream::Read), Some(1.5));
+        let mut unmeasured = p.clone();
+        unmeasured.echo = None;
+        assert_eq!(unmeasured.echo_ratio(Stream::Read), None);
+        let report = |perftest_style| GoodputReport {
+            opts: GoodputOpts {
+                sizes: vec![64],
+                ops: vec![Stream::Write, Stream::Read],
+                reps: 2,
+                perftest_style,
+                ..GoodputOpts::default()
+            },
+            rows: vec![GoodputRow {
+                mtu: Mtu::Mtu1024,
+                link: "sim".into(),
+                out_reads: 128,
+                points: vec![p.clone()],
+            }],
+        };
+        let t = super::super::BenchReport::table(&report(false));
+        assert!(
+            t.contains("64 B raw echo: 74-byte READ requests answered by 1 126-byte frame(s), 128 outstanding: 40.0 K requests/s (3 stalls: frames lost, requests written off); READ /echo 1.50"),
+            "{t}"
+        );
+        let t = super::super::BenchReport::table(&report(true));
+        assert_eq!(t.matches("READ / echo = 1.50").count(), 1, "{t}");
+        assert!(!t.contains("WRITE / echo"), "{t}");
+        let j = super::super::BenchReport::to_json(&report(false));
+        let size = &j["mtus"][0]["sizes"][0];
+        assert_eq!(size["raw_echo"]["requests_per_sec"][1], 20_000.0);
+        assert_eq!(size["raw_echo"]["window"], 128);
+        assert_eq!(size["ops"]["READ"]["ratio_to_raw_echo"], 1.5);
+        assert!(size["ops"]["WRITE"]["ratio_to_raw_echo"].is_null());
     }
 }
