@@ -130,7 +130,9 @@ pub struct RawEcho {
     /// Requests answered per second, per repetition.
     pub rps: Vec<f64>,
     /// Times per repetition the answers stopped and the outstanding requests were
-    /// written off (frames the kernel dropped).
+    /// written off (frames the kernel dropped). A repetition with stalls is only
+    /// approximate: an answer that comes after its write-off counts toward a later
+    /// request.
     pub stalls: Vec<u64>,
 }
 
@@ -475,7 +477,7 @@ impl GoodputReport {
     }
 }
 
-/// ", N stalls" when the echo wrote requests off, else nothing.
+/// " (N stalls: ...)" when the echo wrote requests off, else nothing.
 fn stalls_note(stalls: &[u64]) -> String {
     match stalls.iter().sum::<u64>() {
         0 => String::new(),
