@@ -13,8 +13,9 @@ PKGS=(
     iproute2 nftables tcpdump iputils-ping util-linux
     # tests: unmodified verbs programs on the C ABI (rdma-core's tools, perftest)
     ibverbs-utils perftest rdmacm-utils
-    # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod)
-    qemu-system-x86 kmod
+    # tools/rxe-interop: the rxe VM (qemu TCG), its image (depmod; xz for the 6.12
+    # kernels' compressed modules, ROCE_RXE_KPKG)
+    qemu-system-x86 kmod xz-utils
     # tests: decode's HTML report in a real browser (headless), captures cut and
     # cross-checked with Wireshark's dissector
     chromium tshark

@@ -11,6 +11,10 @@
 #   tools/rxe/build-image.sh            prints the image directory on the last line
 #   ROCE_RXE_CACHE=dir                  where images and downloads live
 #                                       (default /var/cache/roce-xdp-rxe)
+#   ROCE_RXE_KPKG=linux-image-...       another of Debian 12's kernel packages than the
+#                                       one linux-image-amd64 points to, e.g.
+#                                       linux-image-6.12.118+deb12-amd64-unsigned: rxe as
+#                                       newer kernels have it (work queues, not tasklets)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${ROCE_RXE_CACHE:-/var/cache/roce-xdp-rxe}
@@ -21,7 +25,7 @@ log() { echo "build-image: $*" >&2; }
 
 # The kernel package linux-image-amd64 points to, and its version.
 kpkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}'; }
-KPKG=$(kpkg)
+KPKG=${ROCE_RXE_KPKG:-$(kpkg)}
 if [ -z "$KPKG" ]; then
     log "no package lists: apt-get update"
     apt-get update -qq
@@ -83,11 +87,21 @@ add_module() {
         add_module "$d"
     done
     have[$rel]=1
-    order+=("$rel")
-    install -D -m 0644 "$MODDIR/$rel" "$ROOT/lib/modules/$rel"
+    # 6.12's modules are xz-compressed; the guest's busybox insmod takes them plain.
+    local out=${rel%.xz}
+    order+=("$out")
+    mkdir -p "$(dirname "$ROOT/lib/modules/$out")"
+    case $rel in
+        *.xz) xz -dc "$MODDIR/$rel" > "$ROOT/lib/modules/$out" ;;
+        *) install -m 0644 "$MODDIR/$rel" "$ROOT/lib/modules/$out" ;;
+    esac
 }
 for m in virtio_pci virtio_net qemu_fw_cfg crc32_generic rdma_rxe ib_umad rdma_ucm; do
-    rel=$(awk -F: -v m="/$m.ko" 'index($1, m) && substr($1, length($1)-length(m)+1) == m { print $1; exit }' "$MODDIR/modules.dep")
+    rel=$(awk -F: -v m="/$m.ko" '{ f = $1; sub(/\.xz$/, "", f) }
+        index(f, m) && substr(f, length(f)-length(m)+1) == m { print $1; exit }' "$MODDIR/modules.dep")
+    if [ -z "$rel" ] && grep -q "/$m.ko\$" "$MODDIR/modules.builtin"; then
+        continue # built into this kernel (6.12's virtio_pci)
+    fi
     [ -n "$rel" ] || { log "kernel module $m not in $KPKG"; exit 1; }
     add_module "$rel"
 done
@@ -153,8 +167,8 @@ echo "$KVER" > "$IMG.tmp/KVER"
 ( cd "$ROOT" && find . | LC_ALL=C sort | "$ROOT/bin/busybox" cpio -o -H newc 2>/dev/null ) \
     | gzip -6 > "$IMG.tmp/initrd.img"
 rm -rf "$IMG"; mv "$IMG.tmp" "$IMG"
-# Older images of other keys are not needed any more.
-for old in "$CACHE"/linux-image-*; do
+# Older images of this kernel package (other keys) are not needed any more.
+for old in "$CACHE/$KPKG"_*; do
     [ "$old" = "$IMG" ] || rm -rf "$old"
 done
 log "kernel $KVER, initrd $(du -h "$IMG/initrd.img" | cut -f1), $(( $(date +%s) - t0 )) s"
