@@ -127,12 +127,28 @@ bench_boot() {   # bench_boot N IP TAP MAC SCRIPT LOG
         < "$OUT/vm$1.ctl" > "$6" 2>&1 &
 }
 
-bwait() {   # bwait LOG PATTERN SECONDS: until LOG has a line matching PATTERN
+bwait() {   # bwait LOG PATTERN SECONDS [PID]: until LOG has a line matching PATTERN
+    # (1 when SECONDS pass first, or when process PID, the VM that writes LOG, ends)
     local end=$(( $(date +%s) + $3 ))
     until grep -q "$2" "$1" 2>/dev/null; do
         [ "$(date +%s)" -lt "$end" ] || return 1
+        [ -z "${4:-}" ] || kill -0 "$4" 2>/dev/null || return 1
         sleep 0.1
     done
+}
+
+# Why VM $1 (its log $2) is gone, or nothing while it runs. The VMs boot with panic=-1
+# and -no-reboot, so a guest kernel panic ends qemu (rxe in Debian's 6.12.118 did, in
+# its own receive path, during an rxe <-> rxe write_bw: ROCE_RXE_KPKG).
+bench_gone() {
+    local pid
+    pid=$(echo "$BENCH_PIDS" | cut -d' ' -f"$1")
+    [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || return 0
+    if grep -q "Kernel panic" "$2"; then
+        echo "VM $1's kernel panicked ($(grep -m1 -o 'RIP: [^ ]*' "$2" || echo 'no RIP'); $2)"
+    else
+        echo "VM $1 is gone ($2)"
+    fi
 }
 
 # The lines step $2 printed with prefix $3 on console $1.
@@ -187,12 +203,13 @@ bench_record() {
 }
 
 bench_step() {   # bench_step ID ROUND CONF TEST
-    local id=$1 why=
-    echo "go $id" >&7
-    bwait "$OUT/vm1.log" "RXI: LISTENING $id\b" 90 || why="VM 1's server did not listen"
-    echo "go $id" >&8
-    bwait "$OUT/vm2.log" "RXI: END $id " 170 || why="${why:+$why; }VM 2's client did not end"
-    bwait "$OUT/vm1.log" "RXI: END $id " 20 || why="${why:+$why; }VM 1's server did not end"
+    local id=$1 why= p1 p2
+    p1=$(echo "$BENCH_PIDS" | cut -d' ' -f1) p2=$(echo "$BENCH_PIDS" | cut -d' ' -f2)
+    echo "go $id" 2>/dev/null >&7
+    bwait "$OUT/vm1.log" "RXI: LISTENING $id\b" 90 "$p1" || why="VM 1's server did not listen"
+    echo "go $id" 2>/dev/null >&8
+    bwait "$OUT/vm2.log" "RXI: END $id " 170 "$p2" || why="${why:+$why; }VM 2's client did not end"
+    bwait "$OUT/vm1.log" "RXI: END $id " 20 "$p1" || why="${why:+$why; }VM 1's server did not end"
     local rc1 rc2 n
     rc1=$(grep -o "RXI: END $id rc=[0-9]*" "$OUT/vm1.log" | sed 's/.*rc=//') || true
     rc2=$(grep -o "RXI: END $id rc=[0-9]*" "$OUT/vm2.log" | sed 's/.*rc=//') || true
@@ -212,6 +229,7 @@ bench_step() {   # bench_step ID ROUND CONF TEST
     else
         echo "  step $id: round $2, $(bench_conf_label "$3"), $4: $(tail -1 "$OUT/bench.tsv" | cut -f4)"
     fi
+    local ok=$([ -z "$why" ] && echo 0 || echo 1)
     if [ -n "${ROCE_RXE_BENCH_PERF:-}" ] && [ "$4" = write_bw ]; then
         local vm
         for vm in 1 2; do
@@ -219,6 +237,7 @@ bench_step() {   # bench_step ID ROUND CONF TEST
         done
         echo "    perf: $OUT/perf-$id-$3-vm1.txt (server) and -vm2.txt (client)"
     fi
+    return "$ok"
 }
 
 # median (min-max) of the numbers on stdin, or "-"
@@ -331,14 +350,27 @@ bench_main() {
         return 1
     fi
     echo "rxe-interop --bench: $(grep -o 'RXI: READY.*' "$OUT/vm1.log" | cut -c12-)"
-    local id r c t sc cc
+    local id r c t sc cc gone g2
     while IFS='|' read -r id r c t sc cc; do
-        bench_step "$id" "$r" "$c" "$t"
+        bench_step "$id" "$r" "$c" "$t" && continue
+        # A VM ends by itself only after its last step (its script done), so one gone
+        # at a failed step is one that died.
+        gone=$(bench_gone 1 "$OUT/vm1.log")
+        g2=$(bench_gone 2 "$OUT/vm2.log")
+        gone="$gone${gone:+${g2:+; }}$g2"
+        if [ -n "$gone" ]; then
+            # The steps left would each wait out their timeouts for nobody.
+            echo "rxe-interop --bench: FAIL: $gone; the steps after $id are not run" >&2
+            FAILED=1
+            # The other VM would wait out its step's timeout before it took "quit".
+            kill $BENCH_PIDS 2>/dev/null || true
+            break
+        fi
     done < "$OUT/bench-plan.txt"
     echo quit >&7 2>/dev/null || true
     echo quit >&8 2>/dev/null || true
-    bwait "$OUT/vm1.log" "RXI: SCRIPT" 30 || true
-    bwait "$OUT/vm2.log" "RXI: SCRIPT" 30 || true
+    bwait "$OUT/vm1.log" "RXI: SCRIPT" 30 "$(echo "$BENCH_PIDS" | cut -d' ' -f1)" || true
+    bwait "$OUT/vm2.log" "RXI: SCRIPT" 30 "$(echo "$BENCH_PIDS" | cut -d' ' -f2)" || true
     { exec 7>&- 8>&-; } 2>/dev/null || true
     local p
     for p in $BENCH_PIDS; do wait "$p" 2>/dev/null || true; done
