@@ -1,8 +1,9 @@
 //! Per-packet cost of the transport core: requester, responder and completer of two
-//! engines joined by the simulated link (no loss), for 1 KiB RDMA WRITE packets and
-//! 64-byte SENDs, and for 1000 WRITEs of 4 KiB over one QP against one each over 1000
-//! QPs. Reported as packets per second per core: every request and every ACK is built,
-//! parsed, verified (ICRC) and processed once, on one thread.
+//! engines joined by the simulated link (no loss), for 1 KiB RDMA WRITE packets,
+//! 64-byte SENDs and 64-byte READs (a request and its response each), and for 1000
+//! WRITEs of 4 KiB over one QP against one each over 1000 QPs. Reported as packets per
+//! second per core: every request, response and ACK is built, parsed, verified (ICRC)
+//! and processed once, on one thread.
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ fn cases() -> Vec<Case> {
     for (name, msgs, len, kind) in [
         ("write_1k_packets", 64usize, 64 * 1024usize, Kind::Write),
         ("send_64b", 4096, 64, Kind::Send),
+        ("read_64b", 4096, 64, Kind::Read),
     ] {
         let mut w = world();
         v.push((name, Box::new(move || run(&mut w, msgs, len, kind))));

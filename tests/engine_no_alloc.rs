@@ -58,6 +58,7 @@ fn steady_state_allocates_nothing_per_packet() {
         run(&mut w, 64, 65536, Kind::Write);
         run(&mut w, 1024, 64, Kind::Send);
         run(&mut w, 1024, 256, Kind::WriteImm);
+        run(&mut w, 1024, 64, Kind::Read);
     }
     let before = ALLOCS.load(Ordering::Relaxed);
     ON.with(|c| c.set(true));
@@ -66,6 +67,7 @@ fn steady_state_allocates_nothing_per_packet() {
         pkts += run(&mut w, 64, 65536, Kind::Write);
         pkts += run(&mut w, 1024, 64, Kind::Send);
         pkts += run(&mut w, 1024, 256, Kind::WriteImm);
+        pkts += run(&mut w, 1024, 64, Kind::Read);
     }
     ON.with(|c| c.set(false));
     let n = ALLOCS.load(Ordering::Relaxed) - before;

@@ -85,6 +85,9 @@ fn world_n(n: usize) -> World {
 #[allow(dead_code)] // WriteImm: the no-allocation test runs it, the bench does not.
 enum Kind {
     Write,
+    /// RDMA READs of B's region into A's (16 outstanding at a time: the QPs'
+    /// max_rd_atomic); the responses answer them, so no ACKs.
+    Read,
     /// SENDs into posted receives.
     Send,
     /// WRITE_WITH_IMMs, each consuming a posted receive.
@@ -108,6 +111,7 @@ fn run(w: &mut World, msgs: usize, len: usize, kind: Kind) -> u64 {
         let id = i as u64;
         let wr = match kind {
             Kind::Write => SendWr::write(id, &[src], w.mrb.addr, w.mrb.rkey),
+            Kind::Read => SendWr::read(id, &[src], w.mrb.addr, w.mrb.rkey),
             Kind::Send => {
                 w.s.b.post_recv(w.qb, &RecvWr::new(id, &[dst])).unwrap();
                 SendWr::send(id, &[src])
@@ -127,7 +131,10 @@ fn run(w: &mut World, msgs: usize, len: usize, kind: Kind) -> u64 {
     }
     let (cqa, cqb) = (w.cqa, w.cqb);
     let want = msgs.div_ceil(16);
-    let recvs = if kind == Kind::Write { 0 } else { msgs };
+    let recvs = match kind {
+        Kind::Write | Kind::Read => 0,
+        Kind::Send | Kind::WriteImm => msgs,
+    };
     let (mut got, mut recvd) = (0, 0);
     w.s.run_until(Time::MAX, u64::MAX, |a, b| {
         while a.poll_cq_one(cqa).is_some() {
