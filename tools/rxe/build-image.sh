@@ -167,8 +167,9 @@ echo "$KVER" > "$IMG.tmp/KVER"
 ( cd "$ROOT" && find . | LC_ALL=C sort | "$ROOT/bin/busybox" cpio -o -H newc 2>/dev/null ) \
     | gzip -6 > "$IMG.tmp/initrd.img"
 rm -rf "$IMG"; mv "$IMG.tmp" "$IMG"
-# Older images of this kernel package (other keys) are not needed any more.
-for old in "$CACHE/$KPKG"_*; do
+# Other images (older keys, other kernels) are not needed any more: one rebuilds in
+# about 15 s from the downloads kept in debs/.
+for old in "$CACHE"/linux-image-*; do
     [ "$old" = "$IMG" ] || rm -rf "$old"
 done
 log "kernel $KVER, initrd $(du -h "$IMG/initrd.img" | cut -f1), $(( $(date +%s) - t0 )) s"
