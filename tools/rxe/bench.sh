@@ -137,12 +137,14 @@ bwait() {   # bwait LOG PATTERN SECONDS [PID]: until LOG has a line matching PAT
     done
 }
 
+bench_pid() { echo "$BENCH_PIDS" | cut -d' ' -f"$1"; }   # VM $1's process
+
 # Why VM $1 (its log $2) is gone, or nothing while it runs. The VMs boot with panic=-1
 # and -no-reboot, so a guest kernel panic ends qemu (rxe in Debian's 6.12.118 did, in
 # its own receive path, during an rxe <-> rxe write_bw: ROCE_RXE_KPKG).
 bench_gone() {
     local pid
-    pid=$(echo "$BENCH_PIDS" | cut -d' ' -f"$1")
+    pid=$(bench_pid "$1")
     [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || return 0
     if grep -q "Kernel panic" "$2"; then
         echo "VM $1's kernel panicked ($(grep -m1 -o 'RIP: [^ ]*' "$2" || echo 'no RIP'); $2)"
@@ -204,7 +206,7 @@ bench_record() {
 
 bench_step() {   # bench_step ID ROUND CONF TEST
     local id=$1 why= p1 p2
-    p1=$(echo "$BENCH_PIDS" | cut -d' ' -f1) p2=$(echo "$BENCH_PIDS" | cut -d' ' -f2)
+    p1=$(bench_pid 1) p2=$(bench_pid 2)
     echo "go $id" 2>/dev/null >&7
     bwait "$OUT/vm1.log" "RXI: LISTENING $id\b" 90 "$p1" || why="VM 1's server did not listen"
     echo "go $id" 2>/dev/null >&8
@@ -369,8 +371,8 @@ bench_main() {
     done < "$OUT/bench-plan.txt"
     echo quit >&7 2>/dev/null || true
     echo quit >&8 2>/dev/null || true
-    bwait "$OUT/vm1.log" "RXI: SCRIPT" 30 "$(echo "$BENCH_PIDS" | cut -d' ' -f1)" || true
-    bwait "$OUT/vm2.log" "RXI: SCRIPT" 30 "$(echo "$BENCH_PIDS" | cut -d' ' -f2)" || true
+    bwait "$OUT/vm1.log" "RXI: SCRIPT" 30 "$(bench_pid 1)" || true
+    bwait "$OUT/vm2.log" "RXI: SCRIPT" 30 "$(bench_pid 2)" || true
     { exec 7>&- 8>&-; } 2>/dev/null || true
     local p
     for p in $BENCH_PIDS; do wait "$p" 2>/dev/null || true; done

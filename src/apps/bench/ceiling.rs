@@ -449,15 +449,7 @@ pub(super) fn raw_echo_rate(
             let n = link.recv(256, &mut |_| {}) as u64;
             owe += n * per_request;
             let sent = if owe > 0 {
-                let k = link.send(&mut |mut buf| {
-                    if owe == 0 || !buf.write(&response) {
-                        return None;
-                    }
-                    owe -= 1;
-                    Some(response.len())
-                });
-                link.flush();
-                k
+                super::send_copies(&mut link, &response, &mut owe)
             } else {
                 0
             };
@@ -472,12 +464,7 @@ pub(super) fn raw_echo_rate(
                 std::thread::yield_now();
             }
         }
-        for _ in 0..1000 {
-            link.flush();
-            if !link.tx_pending() {
-                break;
-            }
-        }
+        super::drain_tx(&mut link);
         Ok(())
     });
     ready_rx
@@ -499,19 +486,11 @@ pub(super) fn raw_echo_rate(
                 .saturating_sub(sent - answered)
                 .min(count.saturating_sub(banked + sent));
             let queued = if room > 0 {
-                let k = link.send(&mut |mut buf| {
-                    if room == 0 || !buf.write(&request) {
-                        return None;
-                    }
-                    room -= 1;
-                    sent += 1;
-                    Some(request.len())
-                });
-                link.flush();
-                k
+                super::send_copies(&mut link, &request, &mut room)
             } else {
                 0
             };
+            sent += queued;
             let n = link.recv(256, &mut |_| {}) as u64;
             let now = Instant::now();
             if n > 0 {

@@ -136,6 +136,16 @@ pub struct RawEcho {
     pub stalls: Vec<u64>,
 }
 
+impl RawEcho {
+    /// "N-byte READ requests answered by F M-byte frame(s), W outstanding".
+    fn shape(&self) -> String {
+        format!(
+            "{}-byte READ requests answered by {} {}-byte frame(s), {} outstanding",
+            self.request_bytes, self.frames_per_request, self.response_bytes, self.window
+        )
+    }
+}
+
 /// One message size at one MTU.
 #[derive(Debug, Clone)]
 pub struct GoodputPoint {
@@ -345,13 +355,9 @@ impl GoodputReport {
                     continue;
                 };
                 s.push_str(&format!(
-                    "{:>8} raw echo: {}-byte READ requests answered by {} {}-byte frame(s), {} \
-                     outstanding: {:.1} K requests/s{}; READ /echo {:.2}\n",
+                    "{:>8} raw echo: {}: {:.1} K requests/s{}; READ /echo {:.2}\n",
                     size_name(p.size),
-                    e.request_bytes,
-                    e.frames_per_request,
-                    e.response_bytes,
-                    e.window,
+                    e.shape(),
                     median(e.rps.clone()) / 1e3,
                     stalls_note(&e.stalls),
                     r
@@ -458,13 +464,9 @@ impl GoodputReport {
                     ));
                     if let (Some(e), Some(r)) = (&p.echo, p.echo_ratio(op)) {
                         s.push_str(&format!(
-                            " raw AF_XDP echo, {}-byte READ requests answered by {} {}-byte \
-                             frame(s), {} outstanding, both sides sending and receiving: {:.4} M \
+                            " raw AF_XDP echo, {}, both sides sending and receiving: {:.4} M \
                              requests/sec{}; READ / echo = {:.2}\n",
-                            e.request_bytes,
-                            e.frames_per_request,
-                            e.response_bytes,
-                            e.window,
+                            e.shape(),
                             median(e.rps.clone()) / 1e6,
                             stalls_note(&e.stalls),
                             r
@@ -588,11 +590,11 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
         ));
         let m = mtu.bytes() as usize;
         let mut points = Vec::new();
+        // Each size's raw frame, and its echo's request and response frames.
         let mut frames = Vec::new();
-        let mut echo_frames = Vec::new();
         for &size in &o.sizes {
             let f = raw_frame(&pair, mtu, size)?;
-            let echo = if o.echoes(size) {
+            let (echo, echo_frames) = if o.echoes(size) {
                 let (req, resp, per) = raw_read_frames(&pair, mtu, size)?;
                 let e = RawEcho {
                     request_bytes: req.len(),
@@ -601,11 +603,9 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                     window: echo_window(per, o.depth_for(size), DEFAULT_MAX_INFLIGHT_PSNS),
                     ..RawEcho::default()
                 };
-                echo_frames.push(Some((req, resp)));
-                Some(e)
+                (Some(e), Some((req, resp)))
             } else {
-                echo_frames.push(None);
-                None
+                (None, None)
             };
             points.push(GoodputPoint {
                 size,
@@ -620,19 +620,19 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
                 payload_per_frame: size.min(m),
                 echo,
             });
-            frames.push(f);
+            frames.push((f, echo_frames));
         }
         let mut link = String::new();
         let mut out_reads = 0;
         // Warm-up of both, not counted.
-        raw_rate(&pair, &frames[0], o.raw_frames.min(20_000))?;
+        raw_rate(&pair, &frames[0].0, o.raw_frames.min(20_000))?;
         {
             let (a, b) = super::rc_pair_on(&pair, o.link, Some(mtu), mem, false)?;
             super::stream_for(&a, &b, o.ops[0], o.sizes[0], 16, Duration::from_millis(100))?;
         }
         for rep in 0..o.reps {
             let probe = super::CoreProbe::start();
-            for ((p, f), ef) in points.iter_mut().zip(&frames).zip(&echo_frames) {
+            for (p, (f, ef)) in points.iter_mut().zip(&frames) {
                 p.open_rep(|| raw_rate(&pair, f, o.raw_frames))?;
                 p.raw_read_pps
                     .push(raw_rate_rx(&pair, f, o.raw_frames, RawRx::Read)?);
@@ -670,7 +670,7 @@ pub fn goodput(o: &GoodputOpts, say: &mut dyn FnMut(&str)) -> Result<GoodputRepo
             }
             // The engines let go of the interface's queue, for the raw rings after them.
             drop((a, b));
-            for ((p, f), ops) in points.iter_mut().zip(&frames).zip(lines) {
+            for ((p, (f, _)), ops) in points.iter_mut().zip(&frames).zip(lines) {
                 let after = raw_rate(&pair, f, o.raw_frames)?;
                 p.close_rep(after);
                 let echo = p.echo.as_ref().map_or(String::new(), |e| {

@@ -477,13 +477,34 @@ pub(crate) fn send_frames(link: &mut XdpLink, count: u64, frames: &[Vec<u8>]) ->
             std::thread::yield_now();
         }
     }
+    drain_tx(link);
+    sent
+}
+
+/// Queues up to `left` copies of `frame` on `link` as its ring takes them and kicks the
+/// kernel; counts them off `left` and returns how many went.
+pub(crate) fn send_copies(link: &mut XdpLink, frame: &[u8], left: &mut u64) -> u64 {
+    let before = *left;
+    link.send(&mut |mut buf| {
+        if *left == 0 || !buf.write(frame) {
+            return None;
+        }
+        *left -= 1;
+        Some(frame.len())
+    });
+    link.flush();
+    before - *left
+}
+
+/// Lets the frames still in `link`'s transmit ring leave (copy mode sends a budget of
+/// descriptors per kick), at most 1000 kicks.
+pub(crate) fn drain_tx(link: &mut XdpLink) {
     for _ in 0..1000 {
         link.flush();
         if !link.tx_pending() {
             break;
         }
     }
-    sent
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
