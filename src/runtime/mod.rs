@@ -343,6 +343,17 @@ struct Shared {
     rtc: bool,
 }
 
+/// What a doorbell asks of its engine thread ([`Shared::ring`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bell {
+    /// The send WR is the only one outstanding on its queue.
+    First,
+    /// Take the WRs in soon: wake the engine thread if it sleeps.
+    Wake,
+    /// Take them in before the next frame: wake nobody.
+    Quiet,
+}
+
 impl Shared {
     /// Rings QP (or SRQ) `id`'s doorbell on engine thread `k` unless it is rung already.
     ///
@@ -355,12 +366,20 @@ impl Shared {
     /// caller's polls run, which take in all the doorbells rung since: a round per WR
     /// sent one frame per `sendto` and halved busy-polling goodput. When no round runs
     /// here, the engine thread is woken if it sleeps, as without run-to-completion.
-    fn ring(&self, k: usize, rung: &AtomicBool, id: u32, first: bool) -> bool {
+    ///
+    /// `Bell::Quiet` (receive WRs of a QP not in error) wakes nobody: only a frame uses
+    /// a receive WR, and whoever takes a frame off the ring drains the doorbells first
+    /// (`DataPath::round`). Waking a sleeping engine thread there cost a program on one
+    /// CPU two context switches between its receive completion and the answer it sends
+    /// (ib_send_lat re-posts each receive before it replies).
+    fn ring(&self, k: usize, rung: &AtomicBool, id: u32, bell: Bell) -> bool {
         if !rung.swap(true, Ordering::SeqCst) && !self.set.bell(k, id) {
             return false;
         }
-        if first && self.rtc && self.set.run_here().is_some() {
-            return true;
+        match bell {
+            Bell::Quiet => return true,
+            Bell::First if self.rtc && self.set.run_here().is_some() => return true,
+            _ => {}
         }
         self.set.links[k].wake.ring();
         true
@@ -873,9 +892,13 @@ impl Qp {
         let k = self.sh.shard.load(Ordering::SeqCst);
         // The one just claimed is the only one outstanding (asked only where it matters:
         // it reads the count the engine thread writes).
-        let first = self.dev.rtc && self.sq_used() == 1;
+        let bell = if self.dev.rtc && self.sq_used() == 1 {
+            Bell::First
+        } else {
+            Bell::Wake
+        };
         if push_posted(&self.sh.sq_ring, wr, &self.dev.set, k).is_err()
-            || !self.dev.ring(k, &self.sh.rung, self.qpn, first)
+            || !self.dev.ring(k, &self.sh.rung, self.qpn, bell)
         {
             return Err(stopped());
         }
@@ -910,8 +933,14 @@ impl Qp {
             });
         }
         let k = self.sh.shard.load(Ordering::SeqCst);
+        // A QP in error completes the WR with a flush error, which its poller waits for.
+        let quiet = if st == QpState::Err {
+            Bell::Wake
+        } else {
+            Bell::Quiet
+        };
         if push_posted(&self.sh.rq_ring, wr, &self.dev.set, k).is_err()
-            || !self.dev.ring(k, &self.sh.rung, self.qpn, false)
+            || !self.dev.ring(k, &self.sh.rung, self.qpn, quiet)
         {
             return Err(stopped());
         }
@@ -978,7 +1007,9 @@ impl Srq {
             });
         }
         if push_waiting(&self.sh.ring, *wr, &self.dev.set, 0).is_err()
-            || !self.dev.ring(0, &self.sh.rung, SRQ_BELL | self.id, false)
+            || !self
+                .dev
+                .ring(0, &self.sh.rung, SRQ_BELL | self.id, Bell::Wake)
         {
             return Err(stopped());
         }
