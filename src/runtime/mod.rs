@@ -599,12 +599,11 @@ impl Cq {
     /// time slice.
     #[inline]
     fn drive(&self) {
-        if let Some(set) = &self.rtc
-            && self.sh.is_empty()
-            && set.run_here().is_none()
-            && set.lone
-        {
-            std::thread::yield_now();
+        if let Some(set) = &self.rtc {
+            if self.sh.is_empty() && set.run_here().is_none() && set.lone {
+                std::thread::yield_now();
+            }
+            set.polled(!self.sh.is_empty());
         }
     }
 
@@ -680,6 +679,9 @@ impl Cq {
             }
             // The engine stopped: wait below, as without run-to-completion.
         }
+        if let Some(set) = &self.rtc {
+            set.watch.resume();
+        }
         self.sh.waiting.fetch_add(1, Ordering::SeqCst);
         let mut g = self.sh.lock.lock().unwrap_or_else(|e| e.into_inner());
         let deadline = std::time::Instant::now() + timeout;
@@ -718,6 +720,10 @@ impl Cq {
     /// unsuccessful one) added to this CQ signals its completion channel once. Arming for
     /// any completion is not narrowed by a later solicited-only request (as rxe).
     pub fn req_notify(&self, solicited_only: bool) {
+        // The caller is about to sleep on the channel: frames must wake the engine.
+        if let Some(set) = &self.rtc {
+            set.watch.resume();
+        }
         if solicited_only {
             let _ = self
                 .sh

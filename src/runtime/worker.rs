@@ -5,10 +5,11 @@
 //! occupancy mirrored for the callers' checks. When a few hundred rounds in a row find
 //! nothing to do, the thread sleeps in poll(2) on the link's descriptors and an eventfd
 //! until a frame, a doorbell or the next timer (`busy_poll`: it spins instead), unless
-//! callers run the data path; then it sleeps after one idle round. The data path of a
-//! round ([`DataPath`]) sits behind a lock, so that with one engine thread and
-//! `busy_poll` or one CPU (`RuntimeConfig::caller_rounds`) an application thread
-//! polling its CQ can run it too ([`ShardSet::run_here`]).
+//! callers run the data path; then it sleeps after one idle round, and a caller that
+//! keeps polling takes the link's descriptors out of what wakes it ([`RxWatch`]). The
+//! data path of a round ([`DataPath`]) sits behind a lock, so that with one engine
+//! thread and `busy_poll` or one CPU (`RuntimeConfig::caller_rounds`) an application
+//! thread polling its CQ can run it too ([`ShardSet::run_here`]).
 //! Busy-polling RC SEND round trips here took 27-39 us with a hop to each engine thread
 //! and 15-25 us with the callers running the rounds (`bench latency`, old and new
 //! binaries interleaved; a raw AF_XDP echo took 4-8 us).
@@ -483,6 +484,167 @@ pub(crate) struct ShardSet {
     pub kick: AtomicBool,
     /// When the engine thread's sleep ends (engine time, ns), `u64::MAX` while awake.
     pub sleep_until: AtomicU64,
+    /// Whether frames arriving wake the sleeping engine thread, or only the rounds of a
+    /// polling caller take them.
+    pub watch: RxWatch,
+}
+
+/// The sleeping engine thread's watch on the link's descriptors, which a caller that
+/// keeps polling an empty CQ switches off while its own rounds take the frames (one
+/// engine thread on one CPU, `caller_rounds`). Each frame used to wake the engine
+/// thread there, which preempted the poller to take the frame the poller's next round
+/// would have taken: two context switches per frame. In the rxe VMs (one vCPU),
+/// ib_write_lat made 4.2-4.9 switches per iteration on each roce-xdp side against
+/// 0.15-0.2 for rxe; two of them were the ACK of its own WRITE, which comes while it
+/// polls for that completion.
+///
+/// The engine thread sleeps in `ppoll` on an epoll set: its wake-up eventfd, and the
+/// link's descriptors while they are watched. `epoll_ctl` from a caller changes what
+/// wakes the thread without waking it. A poll that finds a completion switches the
+/// watch back on (a readable descriptor then wakes the thread at once), as do a caller
+/// about to sleep ([`super::Cq::wait`], `ibv_req_notify_cq`) and the engine thread
+/// itself, which sleeps at most [`BLIND_SLEEP`] while the watch is off and switches it
+/// on when no caller ran a round for [`BLIND_HOLD_NS`]: a program that stops polling
+/// without finding a completion leaves a frame waiting that long at most.
+pub(crate) struct RxWatch {
+    /// The engine thread's epoll descriptor and the link's descriptors in it; set once,
+    /// when the watch applies.
+    ep: std::sync::OnceLock<(std::os::fd::OwnedFd, Vec<i32>)>,
+    /// Where the link's descriptors stand; changed under the lock, `off` mirrors
+    /// whether they are [`Watch::Off`].
+    state: Mutex<Watch>,
+    off: AtomicBool,
+    /// Polls in a row whose round left their CQ empty.
+    empty: std::sync::atomic::AtomicU32,
+    /// When the engine thread's planned sleep ends ([`crate::time::monotonic_ns`]),
+    /// `u64::MAX` while it is awake.
+    until: AtomicU64,
+}
+
+impl Default for RxWatch {
+    fn default() -> RxWatch {
+        RxWatch {
+            ep: std::sync::OnceLock::new(),
+            state: Mutex::new(Watch::Out),
+            off: AtomicBool::new(false),
+            empty: std::sync::atomic::AtomicU32::new(0),
+            until: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+/// Empty polls in a row before the watch goes off: a program that waits for events polls
+/// until its CQ is empty once, then sleeps on its channel.
+const BLIND_AFTER: u32 = 2;
+/// Longest sleep of an engine thread while the watch is off.
+const BLIND_SLEEP: Duration = Duration::from_millis(1);
+/// A caller that ran no round for this long has stopped polling.
+const BLIND_HOLD_NS: u64 = 500_000;
+
+/// Where the link's descriptors stand in the engine thread's epoll set.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Watch {
+    /// Not in it: the engine thread sleeps on the descriptors themselves. So while no
+    /// caller polls: a descriptor in an epoll set costs every wake-up of its socket a
+    /// call into epoll, in the receive path (pinned ib_write_bw, 64 KiB, alternating
+    /// runs: 422-475 MB/s with the link in the set throughout, 494-547 without).
+    Out,
+    /// In it, waking the engine thread.
+    On,
+    /// In it, asking for no events: frames wake nobody.
+    Off,
+}
+
+impl RxWatch {
+    /// Sets the watch up: `wake` always wakes the engine thread, `link` while watched.
+    fn start(&self, wake: i32, link: &[i32]) -> Result<(), String> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: epoll_create1 takes no pointers.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(format!(
+                "epoll_create1: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: `ep` was just created, and nothing else owns it.
+        let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_ctl(&ep, libc::EPOLL_CTL_ADD, wake, libc::EPOLLIN as u32)?;
+        self.until.store(u64::MAX, Ordering::SeqCst);
+        let _ = self.ep.set((ep, link.to_vec()));
+        Ok(())
+    }
+
+    fn is_off(&self) -> bool {
+        self.off.load(Ordering::SeqCst)
+    }
+
+    /// Moves the link's descriptors from `from` to `to`: in (`Out` to `On`), out (to
+    /// `Out`), or their events off and on again (`On` to `Off` and back). True if they
+    /// moved.
+    fn switch(&self, from: Watch, to: Watch) -> bool {
+        let Some((ep, fds)) = self.ep.get() else {
+            return false;
+        };
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (op, events) = match (from, to) {
+            _ if *g != from => return false,
+            (Watch::Out, Watch::On) => (libc::EPOLL_CTL_ADD, libc::EPOLLIN as u32),
+            (Watch::On | Watch::Off, Watch::Out) => (libc::EPOLL_CTL_DEL, 0),
+            (Watch::Off, Watch::On) => (libc::EPOLL_CTL_MOD, libc::EPOLLIN as u32),
+            (Watch::On, Watch::Off) => (libc::EPOLL_CTL_MOD, 0),
+            _ => return false,
+        };
+        for &fd in fds {
+            if let Err(e) = epoll_ctl(ep, op, fd, events) {
+                tracing::warn!("{e}");
+            }
+        }
+        *g = to;
+        self.off.store(to == Watch::Off, Ordering::SeqCst);
+        true
+    }
+
+    /// The engine thread, about to sleep: the epoll set to sleep on, with the link's
+    /// descriptors in it while a caller polls (`driven`), or `None` to sleep on the
+    /// descriptors themselves.
+    fn engage(&self, driven: bool) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        let (ep, _) = self.ep.get()?;
+        if driven {
+            self.switch(Watch::Out, Watch::On);
+        } else if !self.is_off() {
+            // A watch that is off is the callers' to switch on, or `resume`'s.
+            self.switch(Watch::On, Watch::Out);
+        }
+        let g = *self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (g != Watch::Out).then(|| ep.as_raw_fd())
+    }
+
+    /// A caller stops polling (it is about to sleep): frames wake the engine thread again.
+    pub(crate) fn resume(&self) {
+        if self.is_off() {
+            self.empty.store(0, Ordering::Relaxed);
+            self.switch(Watch::Off, Watch::On);
+        }
+    }
+}
+
+/// One `epoll_ctl` on `fd`, for `events`.
+fn epoll_ctl(ep: &std::os::fd::OwnedFd, op: i32, fd: i32, events: u32) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    let mut ev = libc::epoll_event {
+        events,
+        u64: fd as u64,
+    };
+    // SAFETY: `ev` is a live epoll_event; the kernel checks both descriptors.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(format!(
+            "epoll_ctl({op}, {fd}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 /// A channel of frames handed from one engine thread to another (the last two bytes
@@ -536,6 +698,7 @@ impl ShardSet {
             lone,
             kick: AtomicBool::new(false),
             sleep_until: AtomicU64::new(u64::MAX),
+            watch: RxWatch::default(),
         })
     }
 
@@ -562,15 +725,51 @@ impl ShardSet {
         // due before the engine thread wakes.
         let until = self.sleep_until.load(Ordering::SeqCst);
         let before = |t: Option<Time>| t.is_some_and(|t| t.0 < until);
-        if d.l.engine.wants_transmit()
-            || d.link.get().tx_pending()
-            || before(d.l.engine.poll_timeout())
-            || before(d.faults.as_ref().and_then(|f| f.next_due()))
-        {
+        // Not for timers while the watch is off: this caller's next rounds fire them,
+        // and the engine thread sleeps at most `BLIND_SLEEP` then (each retransmit
+        // timer a posted WR arms woke it once, a context switch on one CPU).
+        let timers = !self.watch.is_off()
+            && (before(d.l.engine.poll_timeout())
+                || before(d.faults.as_ref().and_then(|f| f.next_due())));
+        if d.l.engine.wants_transmit() || d.link.get().tx_pending() || timers {
             self.kick.store(true, Ordering::SeqCst);
             self.links[d.l.me].wake.ring();
         }
         Some(work)
+    }
+
+    /// A caller polled a CQ (after running a round if it was empty); `found`: the poll
+    /// returns completions. Polling on after [`BLIND_AFTER`] empty polls switches the
+    /// engine thread's watch off ([`RxWatch`]); a completion switches it on. An engine
+    /// thread that planned to sleep longer than [`BLIND_SLEEP`] when the watch went off
+    /// is woken to plan again, so that it notices a caller that stops polling in time.
+    pub(crate) fn polled(&self, found: bool) {
+        let w = &self.watch;
+        // Stopped: the link's descriptors are closed.
+        if w.ep.get().is_none() || self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        if found {
+            w.empty.store(0, Ordering::Relaxed);
+            if w.is_off() {
+                w.switch(Watch::Off, Watch::On);
+            }
+            return;
+        }
+        if w.empty.fetch_add(1, Ordering::Relaxed) + 1 < BLIND_AFTER || w.is_off() {
+            return;
+        }
+        // The engine thread publishes its plan before it reads `off`: either it saw the
+        // watch off and shortened its sleep, or its long plan is read here.
+        // Only from `On`: out of the set, the engine thread sleeps on the descriptors.
+        if w.switch(Watch::On, Watch::Off) {
+            let until = w.until.load(Ordering::SeqCst);
+            let soon = crate::time::monotonic_ns().saturating_add(BLIND_SLEEP.as_nanos() as u64);
+            if until != u64::MAX && until > soon {
+                self.kick.store(true, Ordering::SeqCst);
+                self.links[0].wake.ring();
+            }
+        }
     }
 
     /// True while callers may run the data path (it is shared and its engine runs).
@@ -1017,6 +1216,12 @@ fn shard_loop(
     } else {
         SPIN_ROUNDS
     };
+    // The link's descriptors are `fds` but the last (the wake-up eventfd).
+    if spin_rounds == 0
+        && let Err(e) = set.watch.start(wake_fd, &fds[..fds.len() - 1])
+    {
+        tracing::warn!("engine thread {me}: every frame wakes it: {e}");
+    }
     let mut idle = 0u32;
     let mut no_spin_until = Instant::now();
     let mut sleep_mode = SleepMode::new();
@@ -1070,10 +1275,25 @@ fn shard_loop(
             // ib_write_lat about one wake-up per iteration (6.0-7.2 context switches per
             // iteration against 5.3-5.9). The end is published before the lock is released, so
             // that no caller's round falls between the timers read here and the sleep.
-            let timeout = match due.into_iter().flatten().min() {
+            let mut timeout = match due.into_iter().flatten().min() {
                 Some(t) => Duration::from_nanos(t.0.saturating_sub(now.0)).min(MAX_SLEEP),
                 None => MAX_SLEEP,
             };
+            // With the watch: at most `BLIND_SLEEP` while a caller polls, so that a
+            // caller's switching the watch off need not wake this thread to shorten the
+            // sleep (`ShardSet::polled`; that wake cost ib_write_lat two context
+            // switches per iteration in the rxe VMs, where the round-trip timer is
+            // longer). The plan is published before the watch is read.
+            let mono = crate::time::monotonic_ns();
+            let end = |t: Duration| mono.saturating_add(t.max(MIN_SLEEP).as_nanos() as u64);
+            if set.watch.ep.get().is_some() && set.app_polled_within(RTC_HOLD_NS) {
+                timeout = timeout.min(BLIND_SLEEP);
+            }
+            set.watch.until.store(end(timeout), Ordering::SeqCst);
+            if set.watch.is_off() && timeout > BLIND_SLEEP {
+                timeout = BLIND_SLEEP;
+                set.watch.until.store(end(timeout), Ordering::SeqCst);
+            }
             // ppoll(2) sleeps at least this long.
             let slept = timeout.max(MIN_SLEEP);
             set.sleep_until.store(
@@ -1153,8 +1373,16 @@ fn shard_loop(
             }
             continue;
         }
-        sleep(&fds, timeout, &set, me);
+        match set.watch.engage(driven) {
+            Some(ep) => sleep(&[ep], timeout, &set, me),
+            None => sleep(&fds, timeout, &set, me),
+        }
         set.sleep_until.store(u64::MAX, Ordering::SeqCst);
+        set.watch.until.store(u64::MAX, Ordering::SeqCst);
+        // The caller that switched the watch off stopped polling without a completion.
+        if set.watch.is_off() && !set.app_polled_within(BLIND_HOLD_NS) {
+            set.watch.resume();
+        }
     }
     set.stopped.store(true, Ordering::SeqCst);
     // Out of the application threads' reach from here on.
@@ -1526,5 +1754,126 @@ mod tests {
         // Two slow yields a second apart never grow it.
         let again = later + Duration::from_secs(1);
         assert_eq!(m.slow_yield(again), again + SLEEP_MODE_MIN);
+    }
+
+    /// Whether `fd` is readable now, asked as the engine thread asks (`ppoll`).
+    fn readable(fd: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: one live pollfd and a live timespec.
+        unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) > 0 }
+    }
+
+    /// Makes eventfd `fd` readable.
+    fn post(fd: i32) {
+        let one = 1u64;
+        // SAFETY: writing 8 bytes from a live u64 to an eventfd.
+        assert_eq!(
+            unsafe { libc::write(fd, (&one as *const u64).cast(), 8) },
+            8
+        );
+    }
+
+    /// The engine thread's epoll set: a frame waiting on the link makes it readable only
+    /// while the watch is on; one that came while it was off is reported as soon as the
+    /// watch is on again; the wake-up eventfd makes it readable either way. With no
+    /// caller polling, the engine thread sleeps on the descriptors, out of the set.
+    #[test]
+    fn the_watch_off_hides_frames_but_not_wake_ups_and_on_again_shows_what_waits() {
+        let set = ShardSet::new(1, true).unwrap();
+        let link = super::super::Wake::new().unwrap();
+        let w = &set.watch;
+        w.start(set.links[0].wake.fd, &[link.fd]).unwrap();
+        assert_eq!(
+            w.engage(false),
+            None,
+            "no caller polls: the descriptors themselves"
+        );
+        let ep = w.engage(true).unwrap();
+        assert!(!readable(ep));
+        post(link.fd);
+        assert!(
+            readable(ep),
+            "a frame wakes the engine thread while watched"
+        );
+        assert!(w.switch(Watch::On, Watch::Off));
+        assert!(!w.switch(Watch::On, Watch::Off), "already off");
+        assert!(w.is_off());
+        assert!(
+            !readable(ep),
+            "the same frame does not while the watch is off"
+        );
+        post(set.links[0].wake.fd);
+        assert!(readable(ep), "a doorbell or a kick always does");
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a live u64 from the eventfd.
+        unsafe { libc::read(set.links[0].wake.fd, (&mut v as *mut u64).cast(), 8) };
+        assert!(!readable(ep));
+        assert_eq!(w.engage(true), Some(ep), "off, it stays off");
+        assert!(!readable(ep));
+        w.resume();
+        assert!(!w.is_off());
+        assert!(readable(ep), "the frame that waited shows at once");
+        assert_eq!(w.engage(false), None);
+        assert!(!readable(ep), "out of the set");
+        assert_eq!(w.engage(true), Some(ep));
+        assert!(readable(ep), "back in, and it still waits");
+    }
+
+    /// Polls switch the watch: off after `BLIND_AFTER` empty ones in a row, on at the
+    /// first that finds a completion. An engine thread that planned a sleep longer than
+    /// `BLIND_SLEEP` is kicked when the watch goes off, one that planned a short one or
+    /// is awake is not.
+    #[test]
+    fn empty_polls_switch_the_watch_off_a_completion_on_and_a_long_sleep_is_cut() {
+        let set = ShardSet::new(1, true).unwrap();
+        let link = super::super::Wake::new().unwrap();
+        set.watch.start(set.links[0].wake.fd, &[link.fd]).unwrap();
+        // Out of the set, the watch is not the callers' to switch off.
+        for _ in 0..BLIND_AFTER {
+            set.polled(false);
+        }
+        assert!(!set.watch.is_off());
+        set.polled(true);
+        set.watch.engage(true).unwrap();
+        // Awake (`until` is u64::MAX): no kick.
+        for _ in 0..BLIND_AFTER - 1 {
+            set.polled(false);
+            assert!(!set.watch.is_off());
+        }
+        set.polled(false);
+        assert!(set.watch.is_off());
+        assert!(!set.kick.load(Ordering::SeqCst));
+        set.polled(false);
+        assert!(set.watch.is_off());
+        set.polled(true);
+        assert!(!set.watch.is_off());
+        // A short plan: no kick.
+        let now = crate::time::monotonic_ns();
+        set.watch.until.store(now + 200_000, Ordering::SeqCst);
+        for _ in 0..BLIND_AFTER {
+            set.polled(false);
+        }
+        assert!(set.watch.is_off());
+        assert!(!set.kick.load(Ordering::SeqCst));
+        set.polled(true);
+        // A plan of 20 ms: kicked (and rung, if it sleeps).
+        set.watch.until.store(now + 20_000_000, Ordering::SeqCst);
+        for _ in 0..BLIND_AFTER {
+            set.polled(false);
+        }
+        assert!(set.watch.is_off());
+        assert!(set.kick.load(Ordering::SeqCst));
+        // Stopped: polls leave the watch alone (the link's descriptors are closed).
+        set.stopped.store(true, Ordering::SeqCst);
+        set.polled(true);
+        assert!(set.watch.is_off());
     }
 }
