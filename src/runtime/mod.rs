@@ -596,7 +596,8 @@ impl Cq {
     /// device lets it), so the completion it polls for may be there when it looks. On
     /// one CPU, a round it cannot run is one another thread (the engine's, preempted
     /// in it) holds: the poller gives it the core to finish, rather than spin out its
-    /// time slice.
+    /// time slice. Whether the poll finds completions decides whether frames wake the
+    /// sleeping engine thread meanwhile ([`worker::ShardSet::polled`]).
     #[inline]
     fn drive(&self) {
         if let Some(set) = &self.rtc {
@@ -940,13 +941,13 @@ impl Qp {
         }
         let k = self.sh.shard.load(Ordering::SeqCst);
         // A QP in error completes the WR with a flush error, which its poller waits for.
-        let quiet = if st == QpState::Err {
+        let bell = if st == QpState::Err {
             Bell::Wake
         } else {
             Bell::Quiet
         };
         if push_posted(&self.sh.rq_ring, wr, &self.dev.set, k).is_err()
-            || !self.dev.ring(k, &self.sh.rung, self.qpn, quiet)
+            || !self.dev.ring(k, &self.sh.rung, self.qpn, bell)
         {
             return Err(stopped());
         }

@@ -498,14 +498,15 @@ pub(crate) struct ShardSet {
 /// 0.15-0.2 for rxe; two of them were the ACK of its own WRITE, which comes while it
 /// polls for that completion.
 ///
-/// The engine thread sleeps in `ppoll` on an epoll set: its wake-up eventfd, and the
-/// link's descriptors while they are watched. `epoll_ctl` from a caller changes what
-/// wakes the thread without waking it. A poll that finds a completion switches the
-/// watch back on (a readable descriptor then wakes the thread at once), as do a caller
-/// about to sleep ([`super::Cq::wait`], `ibv_req_notify_cq`) and the engine thread
-/// itself, which sleeps at most [`BLIND_SLEEP`] while the watch is off and switches it
-/// on when no caller ran a round for [`BLIND_HOLD_NS`]: a program that stops polling
-/// without finding a completion leaves a frame waiting that long at most.
+/// While a caller polls, the engine thread sleeps in `ppoll` on an epoll set: its
+/// wake-up eventfd, and the link's descriptors ([`Watch`]). `epoll_ctl` from a caller
+/// changes what wakes the thread without waking it. A poll that finds a completion
+/// switches the watch back on (a readable descriptor then wakes the thread at once), as
+/// do a caller about to sleep ([`super::Cq::wait`], `ibv_req_notify_cq`) and the engine
+/// thread itself: while a caller polls it sleeps at most [`BLIND_SLEEP`], and it
+/// switches the watch on when no caller ran a round for [`BLIND_HOLD_NS`]. A program
+/// that stops polling without finding a completion leaves a frame waiting 1.5 ms at
+/// most.
 pub(crate) struct RxWatch {
     /// The engine thread's epoll descriptor and the link's descriptors in it; set once,
     /// when the watch applies.
@@ -759,10 +760,10 @@ impl ShardSet {
         if w.empty.fetch_add(1, Ordering::Relaxed) + 1 < BLIND_AFTER || w.is_off() {
             return;
         }
-        // The engine thread publishes its plan before it reads `off`: either it saw the
-        // watch off and shortened its sleep, or its long plan is read here.
         // Only from `On`: out of the set, the engine thread sleeps on the descriptors.
         if w.switch(Watch::On, Watch::Off) {
+            // The engine thread publishes its plan before it reads `off`: either it saw
+            // the watch off and shortened its sleep, or its long plan is read here.
             let until = w.until.load(Ordering::SeqCst);
             let soon = crate::time::monotonic_ns().saturating_add(BLIND_SLEEP.as_nanos() as u64);
             if until != u64::MAX && until > soon {
