@@ -494,8 +494,8 @@ pub(crate) struct ShardSet {
 /// engine thread on one CPU, `caller_rounds`). Each frame used to wake the engine
 /// thread there, which preempted the poller to take the frame the poller's next round
 /// would have taken: two context switches per frame. In the rxe VMs (one vCPU),
-/// ib_write_lat made 4.2-4.9 switches per iteration on each roce-xdp side against
-/// 0.15-0.2 for rxe; two of them were the ACK of its own WRITE, which comes while it
+/// ib_write_lat made 4.4-4.9 switches per iteration on each roce-xdp side against
+/// 0.12-0.26 for rxe, and 3.3 with this watch: the ACK of its own WRITE comes while it
 /// polls for that completion.
 ///
 /// While a caller polls, the engine thread sleeps in `ppoll` on an epoll set: its
@@ -546,9 +546,10 @@ const BLIND_HOLD_NS: u64 = 500_000;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Watch {
     /// Not in it: the engine thread sleeps on the descriptors themselves. So while no
-    /// caller polls: a descriptor in an epoll set costs every wake-up of its socket a
-    /// call into epoll, in the receive path (pinned ib_write_bw, 64 KiB, alternating
-    /// runs: 422-475 MB/s with the link in the set throughout, 494-547 without).
+    /// caller polls: with the link in the set throughout, pinned ib_write_bw of 64 KiB
+    /// measured 422-475 MB/s against 494-547 without the watch (alternating runs). My
+    /// reading, not traced: every wake-up of the receiving socket then also runs
+    /// epoll's callback, on the core that does veth's receive work.
     Out,
     /// In it, waking the engine thread.
     On,
@@ -614,8 +615,9 @@ impl RxWatch {
         let (ep, _) = self.ep.get()?;
         if driven {
             self.switch(Watch::Out, Watch::On);
-        } else if !self.is_off() {
-            // A watch that is off is the callers' to switch on, or `resume`'s.
+        } else {
+            // Only from `On`: a watch that is off is the callers' to switch on, or
+            // `resume`'s.
             self.switch(Watch::On, Watch::Out);
         }
         let g = *self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -1262,7 +1264,12 @@ fn shard_loop(
         let published =
             (round_t.0.saturating_sub(last_pub.0) > 50_000_000).then(|| d.stats(&link_desc, false));
         // What an idle round decides on.
-        let (must_send, timeout) = if work == 0 {
+        // An application thread runs the data path as it polls (`driven`): sleep as an
+        // idle thread does instead of spinning beside it (a frame, a doorbell or a call
+        // still wakes this thread at once, for a program that stops polling to wait
+        // otherwise).
+        let (must_send, timeout, driven) = if work == 0 {
+            let driven = rtc && set.app_polled_within(RTC_HOLD_NS);
             let due = [
                 d.l.engine.poll_timeout(),
                 d.faults.as_ref().and_then(|f| f.next_due()),
@@ -1287,7 +1294,7 @@ fn shard_loop(
             // longer). The plan is published before the watch is read.
             let mono = crate::time::monotonic_ns();
             let end = |t: Duration| mono.saturating_add(t.max(MIN_SLEEP).as_nanos() as u64);
-            if set.watch.ep.get().is_some() && set.app_polled_within(RTC_HOLD_NS) {
+            if driven && set.watch.ep.get().is_some() {
                 timeout = timeout.min(BLIND_SLEEP);
             }
             set.watch.until.store(end(timeout), Ordering::SeqCst);
@@ -1304,9 +1311,10 @@ fn shard_loop(
             (
                 d.l.engine.wants_transmit() || d.link.get().tx_pending(),
                 timeout,
+                driven,
             )
         } else {
-            (false, MAX_SLEEP)
+            (false, MAX_SLEEP, false)
         };
         drop(g);
         if let Some(s) = published {
@@ -1351,10 +1359,6 @@ fn shard_loop(
             std::thread::yield_now();
             continue;
         }
-        // An application thread runs the data path as it polls: sleep as an idle thread
-        // does instead of spinning beside it (a frame, a doorbell or a call still wakes
-        // this thread at once, for a program that stops polling to wait otherwise).
-        let driven = rtc && set.app_polled_within(RTC_HOLD_NS);
         idle = idle.saturating_add(1);
         let t0 = (!driven && (cfg.busy_poll || idle < spin_rounds)).then(Instant::now);
         if let Some(t0) = t0
